@@ -1,0 +1,43 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Each installs what it needs:
+# a virtualenv with pinned packages (.venv) and Go-built binaries cached in ~/.cache/cuda-agent/bin.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+EXTRAS := operator,sandbox,dev
+
+.PHONY: venv binaries crds lint typecheck pytest test demo clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, kwokctl, helm and minio from
+# pinned Go modules, once per machine.
+binaries: venv
+	$(PY) -m cuda_agent.localcluster.binaries build
+
+crds: venv
+	$(VENV)/bin/cuda-agent crds --out crds
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check platform trainer sandbox_image tests bench
+
+typecheck: venv
+	$(VENV)/bin/mypy platform/cuda_agent sandbox_image/cuda_agent trainer/cuda_agent
+
+pytest: venv binaries
+	bash .ci/pytest.sh
+
+test: lint typecheck pytest
+
+demo: venv binaries
+	$(VENV)/bin/cuda-agent demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
