@@ -16,8 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok, kwokctl, helm and minio from
-# pinned Go modules, once per machine.
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kwokctl, helm and
+# minio from pinned Go modules into ~/.cache/cuda-agent/bin, once per machine (docs/local-cluster.md).
 binaries: venv
 	$(PY) -m cuda_agent.localcluster.binaries build
 
@@ -26,10 +26,10 @@ crds: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check platform trainer sandbox_image tests bench
+	$(VENV)/bin/ruff format --check $(wildcard platform trainer sandbox_image tests bench)
 
 typecheck: venv
-	$(VENV)/bin/mypy platform/cuda_agent sandbox_image/cuda_agent trainer/cuda_agent
+	$(VENV)/bin/mypy $(wildcard platform/cuda_agent sandbox_image/cuda_agent trainer/cuda_agent)
 
 pytest: venv binaries
 	bash .ci/pytest.sh

@@ -16,8 +16,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "version": ("cuda_agent.cli:version_main", "print the package version"),
     "crds": ("cuda_agent.api.crdgen:main", "write the CRD YAML generated from the API models"),
     "cluster": ("cuda_agent.localcluster.cli:main", "local control plane: up | down | kubeconfig | status"),
-    "demo": ("cuda_agent.demo:main", "run the main job on embedded defaults (no cluster or GPU needed)"),
+    "demo": ("cuda_agent.demo:main", "run the main job on embedded defaults (local control plane, no GPU)"),
+    "operator": ("cuda_agent.operator.cli:main", "run the SandboxPool / TrainingRun operator (Kopf)"),
     "judge": ("cuda_agent.sandbox.judge.cli:main", "judge a candidate kernel against a task"),
+    "sandbox": ("cuda_agent.sandbox.server.cli:main", "kernel sandbox server: serve sessions, tools and rewards"),
 }
 
 

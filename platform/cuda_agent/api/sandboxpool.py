@@ -1,0 +1,259 @@
+"""SandboxPool: GPU pods that run agent sessions and judge kernels, sized by hand or by queue depth.
+
+A pool is the reward service: TrainingRuns (or any RL framework) open sessions on it. Its spec says what
+each sandbox pod gets (GPU, image, seccomp, limits) and how many of them exist; `/scale` lets `kubectl
+scale` and autoscalers set that number.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from cuda_agent.api.base import (
+    DNS_SUBDOMAIN,
+    MAX_IMAGE,
+    MAX_NAME,
+    QUANTITY,
+    ApiModel,
+    CelRule,
+    Condition,
+    CustomResource,
+    PrinterColumn,
+    ScaleSubresource,
+    conditions_field,
+    immutable,
+    section,
+)
+from pydantic import Field, StrictInt
+
+# Extended resource name as the device plugin advertises it ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb").
+_EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+# Label value (the product name goes into a node selector).
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_DOT_DOT = re.compile(r"(^|/)\.\.(/|$)")
+
+
+class SandboxPoolConditionType(StrEnum):
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+
+
+class SeccompProfileType(StrEnum):
+    RUNTIME_DEFAULT = "RuntimeDefault"
+    LOCALHOST = "Localhost"
+
+
+class Autoscaling(ApiModel):
+    """Queue-depth autoscaling: the operator sets spec.replicas to keep sessions per replica near the
+    target, within [minReplicas, maxReplicas]."""
+
+    cel_rules = (
+        CelRule(
+            "self.minReplicas <= self.maxReplicas",
+            "spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas",
+            field_path=".minReplicas",
+            check=lambda a: a.min_replicas <= a.max_replicas,
+        ),
+    )
+
+    min_replicas: StrictInt = Field(
+        default=1, ge=0, le=1024, description="Fewest replicas, also when the queue is empty."
+    )
+    max_replicas: StrictInt = Field(default=8, ge=1, le=1024, description="Most replicas.")
+    target_sessions_per_replica: StrictInt = Field(
+        default=4, ge=1, le=1024, description="Open plus queued sessions per replica the autoscaler aims for."
+    )
+    scale_down_delay_seconds: StrictInt = Field(
+        default=300, ge=0, le=86_400, description="How long demand must stay low before replicas are removed."
+    )
+
+
+class GpuSpec(ApiModel):
+    """The GPU each sandbox pod gets."""
+
+    resource_name: Annotated[
+        str,
+        Field(max_length=MAX_NAME, pattern=_EXTENDED_RESOURCE),
+        immutable("spec.gpu.resourceName", "timings from different GPU kinds do not mix; create a new pool"),
+    ] = Field(
+        default="nvidia.com/gpu", description="Extended resource requested per pod, e.g. nvidia.com/gpu."
+    )
+    count: StrictInt = Field(default=1, ge=0, le=16, description="GPUs per pod; 0 runs CPU-only sandboxes.")
+    product: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=_LABEL_VALUE,
+        description="Required value of the node label nvidia.com/gpu.product (e.g. NVIDIA-H200), so all "
+        "timings of a pool come from one GPU model.",
+    )
+
+
+class SeccompProfile(ApiModel):
+    """Seccomp profile of the sandbox containers."""
+
+    cel_rules = (
+        CelRule(
+            "self.type != 'Localhost' || has(self.localhostProfile)",
+            "spec.security.seccompProfile.localhostProfile is required when type is Localhost",
+            field_path=".localhostProfile",
+            reason="FieldValueRequired",
+            check=lambda p: p.type != SeccompProfileType.LOCALHOST or p.localhost_profile is not None,
+        ),
+        CelRule(
+            "self.type == 'Localhost' || !has(self.localhostProfile)",
+            "spec.security.seccompProfile.localhostProfile must be unset unless type is Localhost",
+            field_path=".localhostProfile",
+            reason="FieldValueForbidden",
+            check=lambda p: p.type == SeccompProfileType.LOCALHOST or p.localhost_profile is None,
+        ),
+    )
+
+    type: SeccompProfileType = Field(
+        default=SeccompProfileType.RUNTIME_DEFAULT,
+        description="RuntimeDefault (the container runtime's profile) or Localhost (a profile file on the "
+        "node, e.g. the stricter one the Helm chart installs).",
+    )
+    localhost_profile: (
+        Annotated[
+            str,
+            Field(max_length=MAX_NAME, pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$"),
+            CelRule(
+                r"!self.matches(r'(^|/)\.\.(/|$)')",
+                "spec.security.seccompProfile.localhostProfile must not contain '..' segments",
+                check=lambda path: _DOT_DOT.search(path) is None,
+            ),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Profile path relative to the kubelet's seccomp directory (type Localhost only).",
+    )
+
+
+class SecuritySpec(ApiModel):
+    """Isolation of the sandbox pods beyond the restricted Pod Security profile, which the operator
+    always applies."""
+
+    seccomp_profile: SeccompProfile = section(SeccompProfile, "Seccomp profile of the sandbox containers.")
+    runtime_class_name: str | None = Field(
+        default=None,
+        max_length=MAX_NAME,
+        pattern=DNS_SUBDOMAIN,
+        description="RuntimeClass of the pods, e.g. gvisor; the cluster default when absent.",
+    )
+
+
+class LimitsSpec(ApiModel):
+    """Per-session limits enforced by the sandbox server."""
+
+    build_timeout_seconds: StrictInt = Field(
+        default=300,
+        ge=1,
+        le=3600,
+        description="Wall-clock limit of one kernel build (nvcc and the C++ binding).",
+    )
+    run_timeout_seconds: StrictInt = Field(
+        default=120,
+        ge=1,
+        le=3600,
+        description="Wall-clock limit of one verify or profile run, and of one bash command.",
+    )
+    memory: str = Field(
+        default="32Gi", max_length=32, pattern=QUANTITY, description="Memory limit of a sandbox pod."
+    )
+    pids: StrictInt = Field(
+        default=1024, ge=64, le=1_000_000, description="Most processes a session may run at once."
+    )
+    workspace_size: str = Field(
+        default="10Gi",
+        max_length=32,
+        pattern=QUANTITY,
+        description="Size limit of a session's workspace directory.",
+    )
+
+
+class SandboxPoolSpec(ApiModel):
+    """Desired state of a SandboxPool."""
+
+    cel_rules = (
+        CelRule(
+            "!has(self.autoscaling) || (self.replicas >= self.autoscaling.minReplicas"
+            " && self.replicas <= self.autoscaling.maxReplicas)",
+            "spec.replicas must lie within [spec.autoscaling.minReplicas, spec.autoscaling.maxReplicas]",
+            field_path=".replicas",
+            check=lambda s: (
+                s.autoscaling is None
+                or s.autoscaling.min_replicas <= s.replicas <= s.autoscaling.max_replicas
+            ),
+        ),
+    )
+
+    replicas: StrictInt = Field(
+        default=1, ge=0, le=1024, description="Number of sandbox pods (set by /scale and the autoscaler)."
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None, description="Queue-depth autoscaling; replicas stay as written when absent."
+    )
+    gpu: GpuSpec = section(GpuSpec, "GPU per pod.")
+    image: str = Field(
+        min_length=1,
+        max_length=MAX_IMAGE,
+        pattern=r"^\S+$",
+        description="Sandbox server image built from sandbox_image/, e.g. registry/cuda-agent-sandbox:0.1.0.",
+    )
+    security: SecuritySpec = section(SecuritySpec, "Seccomp profile and runtime class.")
+    limits: LimitsSpec = section(LimitsSpec, "Per-session time, memory, process and disk limits.")
+
+
+class SandboxPoolStatus(ApiModel):
+    """Observed state of a SandboxPool, written by the operator."""
+
+    observed_generation: StrictInt | None = Field(
+        default=None, ge=0, description="metadata.generation last acted upon."
+    )
+    replicas: StrictInt | None = Field(default=None, ge=0, description="Sandbox pods that exist.")
+    ready_replicas: StrictInt | None = Field(
+        default=None, ge=0, description="Sandbox pods that accept sessions."
+    )
+    selector: str | None = Field(
+        default=None, max_length=1024, description="Label selector of the pods, as a string (for /scale)."
+    )
+    queue_depth: StrictInt | None = Field(
+        default=None, ge=0, description="Session requests waiting for a free sandbox."
+    )
+    active_sessions: StrictInt | None = Field(default=None, ge=0, description="Sessions open now.")
+    conditions: list[Condition] = conditions_field()
+
+
+class SandboxPool(CustomResource):
+    """A pool of hardened GPU sandboxes that run agent sessions and judge CUDA kernels."""
+
+    plural = "sandboxpools"
+    singular = "sandboxpool"
+    short_names = ("sp",)
+    printer_columns = (
+        PrinterColumn("Ready", ".status.readyReplicas", "integer", "Pods accepting sessions."),
+        PrinterColumn("Desired", ".spec.replicas", "integer", "Pods wanted."),
+        PrinterColumn("Queue", ".status.queueDepth", "integer", "Session requests waiting."),
+        PrinterColumn("Sessions", ".status.activeSessions", "integer", "Sessions open now."),
+        PrinterColumn("Age", ".metadata.creationTimestamp", "date", "Time since creation."),
+        PrinterColumn("GPU", ".spec.gpu.resourceName", "string", "GPU resource per pod.", priority=1),
+        PrinterColumn("Image", ".spec.image", "string", "Sandbox image.", priority=1),
+    )
+    scale = ScaleSubresource(
+        spec_replicas_path=".spec.replicas",
+        status_replicas_path=".status.replicas",
+        label_selector_path=".status.selector",
+    )
+
+    api_version: Literal["cuda-agent.io/v1alpha1"] = Field(
+        default="cuda-agent.io/v1alpha1", description="API version."
+    )
+    kind: Literal["SandboxPool"] = Field(default="SandboxPool", description="Kind of the object.")
+    spec: SandboxPoolSpec = Field(description="Desired state.")
+    status: SandboxPoolStatus | None = Field(
+        default=None, description="Observed state, written by the operator."
+    )

@@ -1,0 +1,422 @@
+"""TrainingRun: one agentic PPO training of a kernel-writing policy against a SandboxPool.
+
+Defaults are the CUDA Agent paper's recipe (150 PPO steps of 1024 episodes, clip-higher 0.2/0.28, actor
+lr 3e-6, critic lr 6e-6, gamma 1, lambda 0.95, 150-turn episodes in a 128k context after a three-stage
+warm-up, milestone reward with a 5% margin), so a spec needs to name only its model, data and pool.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from cuda_agent.api.base import (
+    DNS_SUBDOMAIN,
+    MAX_LIST,
+    MAX_NAME,
+    MAX_URI,
+    ApiModel,
+    CelRule,
+    Condition,
+    CustomResource,
+    PrinterColumn,
+    conditions_field,
+    immutable,
+    section,
+    storage_uri,
+)
+from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt
+
+
+class TrainingRunPhase(StrEnum):
+    """Coarse lifecycle position, for `kubectl get`; conditions carry the details."""
+
+    PENDING = "Pending"
+    WARMING_UP = "WarmingUp"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class TrainingRunConditionType(StrEnum):
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class AgentTool(StrEnum):
+    """Tools the agent may call inside its sandbox session."""
+
+    BASH = "bash"
+    READ = "read"
+    WRITE = "write"
+    EDIT = "edit"
+    MULTI_EDIT = "multi_edit"
+    GLOB = "glob"
+    GREP = "grep"
+
+
+class RewardScheme(StrEnum):
+    MILESTONE = "milestone"
+
+
+class PrecisionPolicy(StrEnum):
+    """Float32 matmul precision used for both the baseline and the candidate. TF32 alone makes an fp32
+    matmul ~7x faster on an H200, so timing one side with it and not the other is not a comparison."""
+
+    STRICT_FP32 = "strict-fp32"
+    TF32 = "tf32"
+
+
+class ModelSource(ApiModel):
+    """Where the policy (and optionally the critic) start from."""
+
+    base: Annotated[
+        str,
+        Field(
+            max_length=MAX_URI,
+            description="Base policy weights: s3://bucket/key, pvc://claim/path or an "
+            "absolute path to a Hugging Face format checkpoint directory.",
+        ),
+        storage_uri("spec.model.base", ("s3", "pvc", "path")),
+    ]
+    critic: (
+        Annotated[
+            str,
+            Field(max_length=MAX_URI),
+            storage_uri("spec.model.critic", ("s3", "pvc", "path")),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Initial critic weights (same URI forms as base). When absent the critic starts from "
+        "the base model with a fresh value head and value pretraining fits it.",
+    )
+
+
+class DatasetSource(ApiModel):
+    """Task sets in KernelBench format (one PyTorch reference model per task)."""
+
+    uri: Annotated[
+        str,
+        Field(
+            max_length=MAX_URI,
+            description="Training tasks: s3://bucket/key, pvc://claim/path or an absolute path.",
+        ),
+        storage_uri("spec.dataset.uri", ("s3", "pvc", "path")),
+    ]
+    eval_uri: (
+        Annotated[str, Field(max_length=MAX_URI), storage_uri("spec.dataset.evalUri", ("s3", "pvc", "path"))]
+        | None
+    ) = Field(default=None, description="Held-out tasks evaluated at every checkpoint; none when absent.")
+
+
+class SandboxPoolRef(ApiModel):
+    """A SandboxPool in the TrainingRun's namespace."""
+
+    name: str = Field(max_length=MAX_NAME, pattern=DNS_SUBDOMAIN, description="Name of the SandboxPool.")
+
+
+class PpoAlgorithm(ApiModel):
+    """PPO with GAE and asymmetric (clip-higher) ratio clipping."""
+
+    cel_rules = (
+        CelRule(
+            "self.clipLow <= self.clipHigh",
+            "spec.algorithm.clipLow must be less than or equal to spec.algorithm.clipHigh",
+            field_path=".clipLow",
+            check=lambda a: a.clip_low <= a.clip_high,
+        ),
+    )
+
+    name: Literal["ppo"] = Field(default="ppo", description="Policy-optimisation algorithm; only ppo.")
+    steps: StrictInt = Field(
+        default=150, ge=1, le=1_000_000, description="PPO steps (policy updates) to run."
+    )
+    batch_size: StrictInt = Field(
+        default=1024, ge=1, le=65_536, description="Episodes collected per PPO step."
+    )
+    clip_low: StrictFloat = Field(
+        default=0.2, gt=0, le=1, description="Lower clip range: the ratio is clipped below at 1 - clipLow."
+    )
+    clip_high: StrictFloat = Field(
+        default=0.28,
+        gt=0,
+        le=1,
+        description="Upper clip range: the ratio is clipped above at 1 + clipHigh. Larger than clipLow so "
+        "rare good actions can gain probability faster (clip-higher).",
+    )
+    actor_learning_rate: StrictFloat = Field(
+        default=3e-6, gt=0, le=1, description="Actor (policy) learning rate."
+    )
+    critic_learning_rate: StrictFloat = Field(
+        default=6e-6, gt=0, le=1, description="Critic (value) learning rate."
+    )
+    gamma: StrictFloat = Field(
+        default=1.0, ge=0, le=1, description="Discount factor; 1 because the reward is terminal."
+    )
+    gae_lambda: StrictFloat = Field(default=0.95, ge=0, le=1, description="GAE lambda.")
+    kl_coef: StrictFloat = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="Weight of the KL penalty to the reference policy; 0 turns it off.",
+    )
+
+
+def _unique_tools(tools: list[AgentTool]) -> list[AgentTool]:
+    # Mirrors the apiserver's x-kubernetes-list-type: set check for local runs.
+    duplicates = sorted({t.value for t in tools if tools.count(t) > 1})
+    if duplicates:
+        raise ValueError(f"spec.agent.tools lists {', '.join(duplicates)} more than once")
+    return tools
+
+
+class AgentSpec(ApiModel):
+    """The multi-turn agent loop: how long an episode may run and what it may do."""
+
+    max_turns_train: StrictInt = Field(
+        default=150, ge=1, le=1000, description="Turn limit of a training episode."
+    )
+    max_turns_eval: StrictInt = Field(
+        default=200, ge=1, le=1000, description="Turn limit of an evaluation episode."
+    )
+    max_context_tokens: StrictInt = Field(
+        default=131_072,
+        ge=1024,
+        le=1_048_576,
+        description="Context budget of an episode, prompt and tool output included.",
+    )
+    tools: Annotated[list[AgentTool], AfterValidator(_unique_tools)] = Field(
+        default=list(AgentTool),
+        min_length=1,
+        max_length=MAX_LIST,
+        description="Tools offered to the agent.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class SingleTurnPpoWarmup(ApiModel):
+    """Stage 1: single-turn PPO at a short context, so the policy learns to emit compilable kernels before
+    long multi-turn episodes."""
+
+    enabled: StrictBool = Field(default=True, description="Run this stage.")
+    steps: StrictInt = Field(default=50, ge=1, le=100_000, description="PPO steps of the stage.")
+    max_context_tokens: StrictInt = Field(
+        default=32_768, ge=1024, le=1_048_576, description="Context budget of the stage."
+    )
+
+
+class RftWarmup(ApiModel):
+    """Stage 2: rejection fine-tuning of the actor on multi-turn trajectories that reached a reward."""
+
+    enabled: StrictBool = Field(default=True, description="Run this stage.")
+    min_reward: StrictInt = Field(
+        default=1,
+        ge=-1,
+        le=3,
+        description="Keep trajectories whose milestone reward is at least this (1 = correct).",
+    )
+    epochs: StrictInt = Field(default=1, ge=1, le=100, description="Passes over the kept trajectories.")
+
+
+class ValuePretrainingWarmup(ApiModel):
+    """Stage 3: fit the critic on warm-up trajectories with the actor frozen, so early PPO advantages are
+    not noise from an untrained value head."""
+
+    enabled: StrictBool = Field(default=True, description="Run this stage.")
+    steps: StrictInt = Field(default=50, ge=1, le=100_000, description="Critic updates of the stage.")
+
+
+class WarmupSpec(ApiModel):
+    """Warm-up stages, run in order before multi-turn PPO; each can be turned off."""
+
+    single_turn_ppo: SingleTurnPpoWarmup = section(SingleTurnPpoWarmup, "Stage 1: single-turn PPO.")
+    rft: RftWarmup = section(RftWarmup, "Stage 2: rejection fine-tuning of the actor.")
+    value_pretraining: ValuePretrainingWarmup = section(
+        ValuePretrainingWarmup, "Stage 3: critic pretraining."
+    )
+
+
+class Tolerance(ApiModel):
+    """Correctness check: |candidate - reference| <= atol + rtol * |reference|, element-wise."""
+
+    atol: StrictFloat = Field(default=1e-2, ge=0, le=1, description="Absolute tolerance.")
+    rtol: StrictFloat = Field(default=1e-2, ge=0, le=1, description="Relative tolerance.")
+
+
+class RewardSpec(ApiModel):
+    """How the judge turns a candidate kernel into a reward."""
+
+    scheme: RewardScheme = Field(
+        default=RewardScheme.MILESTONE,
+        description="milestone: -1 fails to build or verify, 1 correct, 2 faster than eager, 3 faster than "
+        "both eager and torch.compile by more than speedupMargin.",
+    )
+    speedup_margin: StrictFloat = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Fraction by which a candidate must beat a baseline to count as faster.",
+    )
+    tolerance: Tolerance = section(Tolerance, "Numerical tolerance of the correctness check.")
+    precision: PrecisionPolicy = Field(
+        default=PrecisionPolicy.STRICT_FP32, description="Float32 precision of baseline and candidate alike."
+    )
+
+
+class ResourcesSpec(ApiModel):
+    """GPUs of the training job and how models are split across them."""
+
+    cel_rules = (
+        CelRule(
+            "self.trainerGpus % self.sequenceParallelSize == 0",
+            "spec.resources.trainerGpus must be a multiple of spec.resources.sequenceParallelSize",
+            field_path=".sequenceParallelSize",
+            check=lambda r: r.trainer_gpus % r.sequence_parallel_size == 0,
+        ),
+        CelRule(
+            "(self.rolloutGpus == 0 ? self.trainerGpus : self.rolloutGpus) % self.tensorParallelSize == 0",
+            "spec.resources.rolloutGpus (trainerGpus when 0) must be a multiple of "
+            "spec.resources.tensorParallelSize",
+            field_path=".tensorParallelSize",
+            check=lambda r: (r.rollout_gpus or r.trainer_gpus) % r.tensor_parallel_size == 0,
+        ),
+    )
+
+    trainer_gpus: StrictInt = Field(
+        default=8, ge=1, le=4096, description="GPUs of the actor/critic/reference workers."
+    )
+    rollout_gpus: StrictInt = Field(
+        default=8,
+        ge=0,
+        le=4096,
+        description="GPUs of the vLLM rollout engines; 0 colocates them on the trainer GPUs.",
+    )
+    tensor_parallel_size: StrictInt = Field(
+        default=1, ge=1, le=64, description="Tensor-parallel size of a rollout engine."
+    )
+    sequence_parallel_size: StrictInt = Field(
+        default=1, ge=1, le=64, description="Ulysses sequence-parallel size of training (long contexts)."
+    )
+
+
+class CheckpointSpec(ApiModel):
+    """When and where actor/critic checkpoints are written."""
+
+    every_steps: StrictInt = Field(
+        default=10, ge=1, le=1_000_000, description="Write a checkpoint every this many PPO steps."
+    )
+    prefix: (
+        Annotated[str, Field(max_length=MAX_URI), storage_uri("spec.checkpoint.prefix", ("s3",))] | None
+    ) = Field(
+        default=None,
+        description="s3:// prefix of the checkpoints; the operator's artifact bucket/<namespace>/<name> "
+        "when absent. S3 because every trainer worker and the operator must reach it.",
+    )
+    keep: StrictInt = Field(
+        default=3, ge=1, le=1000, description="Most recent checkpoints kept; older ones are deleted."
+    )
+
+
+class TrainingRunSpec(ApiModel):
+    """Desired state of a TrainingRun."""
+
+    cel_rules = (
+        CelRule(
+            "self.checkpoint.everySteps <= self.algorithm.steps",
+            "spec.checkpoint.everySteps must be at most spec.algorithm.steps, or no checkpoint is written",
+            field_path=".checkpoint.everySteps",
+            check=lambda s: s.checkpoint.every_steps <= s.algorithm.steps,
+        ),
+        CelRule(
+            "self.warmup.singleTurnPpo.maxContextTokens <= self.agent.maxContextTokens",
+            "spec.warmup.singleTurnPpo.maxContextTokens must be at most spec.agent.maxContextTokens",
+            field_path=".warmup.singleTurnPpo.maxContextTokens",
+            check=lambda s: s.warmup.single_turn_ppo.max_context_tokens <= s.agent.max_context_tokens,
+        ),
+    )
+
+    model: Annotated[
+        ModelSource,
+        immutable("spec.model", "a run cannot switch weights mid-training; create a new TrainingRun"),
+    ] = Field(description="Policy and critic initial weights.")
+    dataset: DatasetSource = Field(description="Training (and optional evaluation) task sets.")
+    sandbox_pool_ref: SandboxPoolRef = Field(
+        description="The SandboxPool that builds, verifies and times kernels."
+    )
+    algorithm: PpoAlgorithm = section(PpoAlgorithm, "Policy-optimisation hyperparameters.")
+    agent: AgentSpec = section(AgentSpec, "Agent loop limits and tools.")
+    warmup: WarmupSpec = section(WarmupSpec, "Warm-up stages before multi-turn PPO.")
+    reward: Annotated[
+        RewardSpec,
+        immutable(
+            "spec.reward", "rewards before and after a change would not be comparable; create a new run"
+        ),
+    ] = section(RewardSpec, "Reward scheme, tolerance and precision policy.")
+    resources: ResourcesSpec = section(ResourcesSpec, "GPUs and parallelism.")
+    checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint cadence and location.")
+    suspend: StrictBool = Field(
+        default=False, description="Stop the run's pods, keeping its last checkpoint; false resumes from it."
+    )
+
+
+class TrainingMetrics(ApiModel):
+    """Rollout metrics of the most recent step."""
+
+    mean_reward: StrictFloat | None = Field(
+        default=None, ge=-1, le=3, description="Mean milestone reward of the batch."
+    )
+    pass_rate: StrictFloat | None = Field(
+        default=None, ge=0, le=1, description="Fraction of episodes with a correct kernel."
+    )
+    faster_than_compile_rate: StrictFloat | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Fraction of episodes whose kernel beat torch.compile by the margin.",
+    )
+
+
+class TrainingRunStatus(ApiModel):
+    """Observed state of a TrainingRun, written by the operator."""
+
+    observed_generation: StrictInt | None = Field(
+        default=None, ge=0, description="metadata.generation last acted upon."
+    )
+    phase: TrainingRunPhase | None = Field(default=None, description="Coarse lifecycle position.")
+    conditions: list[Condition] = conditions_field()
+    step: StrictInt | None = Field(default=None, ge=0, description="PPO steps completed.")
+    metrics: TrainingMetrics | None = Field(default=None, description="Metrics of the most recent step.")
+    last_checkpoint: str | None = Field(
+        default=None, max_length=MAX_URI, description="URI of the newest checkpoint."
+    )
+
+
+class TrainingRun(CustomResource):
+    """An agentic PPO training of a CUDA-kernel-writing policy, with its rollouts judged by a SandboxPool."""
+
+    plural = "trainingruns"
+    singular = "trainingrun"
+    short_names = ("tr",)
+    printer_columns = (
+        PrinterColumn("Phase", ".status.phase", "string", "Lifecycle phase."),
+        PrinterColumn("Step", ".status.step", "integer", "PPO steps completed."),
+        PrinterColumn("Reward", ".status.metrics.meanReward", "number", "Mean reward of the last step."),
+        PrinterColumn("Pass Rate", ".status.metrics.passRate", "number", "Pass rate of the last step."),
+        PrinterColumn("Age", ".metadata.creationTimestamp", "date", "Time since creation."),
+        PrinterColumn("Model", ".spec.model.base", "string", "Base policy weights.", priority=1),
+        PrinterColumn("Pool", ".spec.sandboxPoolRef.name", "string", "SandboxPool used.", priority=1),
+    )
+
+    api_version: Literal["cuda-agent.io/v1alpha1"] = Field(
+        default="cuda-agent.io/v1alpha1", description="API version."
+    )
+    kind: Literal["TrainingRun"] = Field(default="TrainingRun", description="Kind of the object.")
+    spec: TrainingRunSpec = Field(description="Desired state.")
+    status: TrainingRunStatus | None = Field(
+        default=None, description="Observed state, written by the operator."
+    )
