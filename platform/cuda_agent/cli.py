@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("cuda_agent.demo:main", "run the main job on embedded defaults (local control plane, no GPU)"),
     "operator": ("cuda_agent.operator.cli:main", "run the SandboxPool / TrainingRun operator (Kopf)"),
     "judge": ("cuda_agent.sandbox.judge.cli:main", "judge a candidate kernel against a task"),
-    "sandbox": ("cuda_agent.sandbox.server.cli:main", "kernel sandbox server: serve sessions, tools and rewards"),
+    "sandbox": ("cuda_agent.sandbox.server.cli:main", "sandbox server: sessions, agent tools, rewards"),
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from cuda_agent.api import ResourceError, load_resource
 
 pytestmark = pytest.mark.cluster

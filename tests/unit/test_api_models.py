@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from cuda_agent.api import (
     AgentTool,
     PrecisionPolicy,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from cuda_agent.api import PpoAlgorithm, crdgen
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from cuda_agent.api.base import GROUP, VERSION, CustomResource
 from cuda_agent.api.sandboxpool import SandboxPool
 from cuda_agent.api.trainingrun import TrainingRun

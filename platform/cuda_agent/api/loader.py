@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import yaml
+from pydantic import ValidationError
+
 from cuda_agent.api.base import API_VERSION, CustomResource
 from cuda_agent.api.sandboxpool import SandboxPool
 from cuda_agent.api.trainingrun import TrainingRun
-from pydantic import ValidationError
 
 Resource = TrainingRun | SandboxPool
 RESOURCE_KINDS: dict[str, type[TrainingRun] | type[SandboxPool]] = {

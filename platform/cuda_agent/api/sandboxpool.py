@@ -11,6 +11,8 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
+from pydantic import Field, StrictInt
+
 from cuda_agent.api.base import (
     DNS_SUBDOMAIN,
     MAX_IMAGE,
@@ -26,7 +28,6 @@ from cuda_agent.api.base import (
     immutable,
     section,
 )
-from pydantic import Field, StrictInt
 
 # Extended resource name as the device plugin advertises it ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb").
 _EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
+from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt
+
 from cuda_agent.api.base import (
     DNS_SUBDOMAIN,
     MAX_LIST,
@@ -25,7 +27,6 @@ from cuda_agent.api.base import (
     section,
     storage_uri,
 )
-from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt
 
 
 class TrainingRunPhase(StrEnum):
