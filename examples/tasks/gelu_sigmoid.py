@@ -1,0 +1,32 @@
+"""Gated activation: gelu(x) * sigmoid(y) with the exact (erf) GELU."""
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+_SHAPES = {"small": (256, 1024), "full": (4096, 4096)}
+# The judge loads a task in a worker with a scrubbed environment: scripts that need "full" write a copy
+# with this default switched (tests/judge/fixture_catalog.py: task_at_scale).
+DEFAULT_SCALE = "small"
+_SCALE = os.environ.get("CUDA_AGENT_TASK_SCALE", DEFAULT_SCALE)
+if _SCALE not in _SHAPES:
+    raise ValueError(f"CUDA_AGENT_TASK_SCALE must be one of {sorted(_SHAPES)}, got {_SCALE!r}")
+ROWS, COLS = _SHAPES[_SCALE]
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x) * torch.sigmoid(y)
+
+
+def get_inputs():
+    return [torch.randn(ROWS, COLS), torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs():
+    return []

@@ -1,0 +1,112 @@
+"""`cuda-agent operator`: run the SandboxPool / TrainingRun operator against a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from cuda_agent.operator.config import OperatorConfig
+
+
+def parse_args(argv: Sequence[str]) -> OperatorConfig:
+    parser = argparse.ArgumentParser(prog="cuda-agent operator", description=__doc__)
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace", "-n", action="append", default=[], help="serve this namespace (repeatable)"
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="serve every namespace (default)")
+    parser.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig file (default: $KUBECONFIG or in-cluster)"
+    )
+    parser.add_argument("--workers", type=int, default=4, help="objects reconciled concurrently")
+    parser.add_argument("--sync-period", type=float, default=15.0, help="seconds between demand reads")
+    parser.add_argument("--drain-grace-period", type=float, default=600.0, help="longest session drain, s")
+    parser.add_argument(
+        "--suspend-checkpoint-timeout", type=float, default=600.0, help="longest wait for a checkpoint, s"
+    )
+    parser.add_argument(
+        "--probe-network",
+        action="append",
+        default=[],
+        help="pod CIDR the autoscaler may contact (repeatable)",
+    )
+    parser.add_argument("--status-endpoint-map", type=Path, help='JSON {"ns/pod": "http://host:port"}')
+    parser.add_argument("--trainer-image", help="default image of Ray and trainer pods")
+    parser.add_argument("--artifacts-secret", help="Secret with S3/MinIO endpoint and credentials")
+    parser.add_argument("--artifacts-bucket", help="bucket of checkpoints when a run names no prefix")
+    parser.add_argument(
+        "--trainer-pod-annotation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="on Ray/driver pods",
+    )
+    parser.add_argument("--otel-endpoint", help="OTLP endpoint given to trainer pods")
+    parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    args = parser.parse_args(list(argv))
+    values = {
+        "namespaces": tuple(args.namespace),
+        "kubeconfig": args.kubeconfig,
+        "workers": args.workers,
+        "sync_period": args.sync_period,
+        "drain_grace_period": args.drain_grace_period,
+        "suspend_checkpoint_timeout": args.suspend_checkpoint_timeout,
+        "status_endpoint_map": args.status_endpoint_map,
+        "otel_endpoint": args.otel_endpoint,
+        "liveness_endpoint": args.liveness_endpoint,
+    }
+    annotations = []
+    for item in args.trainer_pod_annotation:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--trainer-pod-annotation {item!r}: expected KEY=VALUE")
+        annotations.append((key, value))
+    values["trainer_pod_annotations"] = tuple(annotations)
+    if args.probe_network:
+        values["probe_networks"] = tuple(args.probe_network)
+    for option in ("trainer_image", "artifacts_secret", "artifacts_bucket"):
+        if getattr(args, option):
+            values[option] = getattr(args, option)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:  # Kopf logs every handler call on every watch event at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        return OperatorConfig.model_validate(values)
+    except ValidationError as error:
+        parser.error(str(error))
+        raise  # parser.error exits; this keeps type checkers informed
+
+
+async def run_operator(config: OperatorConfig, stop: asyncio.Event | None = None) -> None:
+    import kopf
+
+    from cuda_agent.operator.handlers import build_registry
+
+    await kopf.operator(
+        registry=build_registry(),
+        memo=kopf.Memo(config=config),
+        standalone=True,
+        clusterwide=not config.namespaces,
+        namespaces=list(config.namespaces),
+        liveness_endpoint=config.liveness_endpoint,
+        stop_flag=stop,
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    config = parse_args(argv)
+    if config.kubeconfig is not None and not config.kubeconfig.exists():
+        print(f"cuda-agent operator: --kubeconfig {config.kubeconfig}: no such file", file=sys.stderr)
+        return 2
+    asyncio.run(run_operator(config))
+    return 0

@@ -1,0 +1,80 @@
+"""Settings of one operator process (from the command line), as a validated model."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Seconds = Annotated[float, Field(ge=0)]
+
+
+class OperatorConfig(BaseModel):
+    """Everything an operator process needs besides the objects it watches."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespaces: tuple[str, ...] = Field(
+        default=(), description="Namespaces to serve; empty means every namespace (cluster-wide)."
+    )
+    kubeconfig: Path | None = Field(
+        default=None, description="Kubeconfig file; default $KUBECONFIG, ~/.kube/config or in-cluster."
+    )
+    workers: int = Field(default=4, ge=1, le=64, description="Objects reconciled concurrently.")
+    settle_seconds: Seconds = Field(
+        default=0.05, description="Wait after the first change before a pass, so event bursts coalesce."
+    )
+    sync_period: Seconds = Field(
+        default=15.0, description="How often autoscaled pools re-read demand and runs re-check progress."
+    )
+    drain_grace_period: Seconds = Field(
+        default=600.0,
+        description="Longest wait for a sandbox pod chosen for removal to finish its sessions.",
+    )
+    suspend_checkpoint_timeout: Seconds = Field(
+        default=600.0,
+        description="Longest wait for the trainer's checkpoint after spec.suspend before scaling to zero.",
+    )
+    probe_networks: tuple[str, ...] = Field(
+        default=("0.0.0.0/0", "::/0"),
+        description="Pod IP ranges whose /v1/status the operator may contact.",
+    )
+    status_endpoint_map: Path | None = Field(
+        default=None,
+        description='JSON file {"namespace/pod": "http://host:port"} overriding where a pod is asked.',
+    )
+    trainer_image: str = Field(
+        default="ghcr.io/cuda-agent/trainer:0.1.0",
+        description="Image of the Ray head, workers and trainer driver when the run names none.",
+    )
+    artifacts_secret: str = Field(
+        default="cuda-agent-artifacts",
+        description="Secret (in each run's namespace) with the S3/MinIO endpoint and credentials.",
+    )
+    artifacts_bucket: str = Field(
+        default="cuda-agent", description="Bucket of checkpoints for runs whose spec names no prefix."
+    )
+    trainer_pod_annotations: tuple[tuple[str, str], ...] = Field(
+        default=(), description="Annotations put on every Ray and driver pod (service mesh, cost tags, ...)."
+    )
+    otel_endpoint: str | None = Field(
+        default=None, description="OTLP endpoint passed to trainer pods (OTEL_EXPORTER_OTLP_ENDPOINT)."
+    )
+    liveness_endpoint: str | None = Field(
+        default=None, description="Kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz."
+    )
+
+    @field_validator("probe_networks")
+    @classmethod
+    def _networks_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for network in value:
+            try:
+                ipaddress.ip_network(network)
+            except ValueError as error:
+                raise ValueError(f"--probe-network {network!r}: {error}") from error
+        return value
+
+    def probe_network_objects(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(network) for network in self.probe_networks)

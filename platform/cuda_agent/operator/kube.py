@@ -1,0 +1,220 @@
+"""The one module that talks to the Kubernetes API (Kopf's own watches aside).
+
+Children are written with server-side apply under one field manager, which makes every write
+idempotent: a restarted operator re-applies the same manifests and the apiserver merges them into the
+objects it already has, so nothing is duplicated and nothing is orphaned. Status and metadata use JSON
+merge patches of only the fields the operator owns, so the trainer's progress fields stay untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes.aio import config as aio_config
+from kubernetes.aio.client import ApiClient, Configuration
+
+from cuda_agent.operator.labels import FIELD_MANAGER
+
+Manifest = dict[str, Any]
+log = logging.getLogger(__name__)
+
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+
+# kind -> (apiVersion, plural). A static table instead of discovery: the operator writes only these.
+RESOURCES: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("v1", "configmaps"),
+    "Event": ("v1", "events"),
+    "Pod": ("v1", "pods"),
+    "Secret": ("v1", "secrets"),
+    "Service": ("v1", "services"),
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "Deployment": ("apps/v1", "deployments"),
+    "StatefulSet": ("apps/v1", "statefulsets"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    "Role": ("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "RayCluster": ("ray.io/v1", "rayclusters"),
+    "SandboxPool": ("cuda-agent.io/v1alpha1", "sandboxpools"),
+    "TrainingRun": ("cuda-agent.io/v1alpha1", "trainingruns"),
+}
+
+
+class KubeError(RuntimeError):
+    """A non-2xx answer from the apiserver, with the status code and the server's message."""
+
+    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where an object lives: enough to build its URL."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    @property
+    def api_version(self) -> str:
+        return RESOURCES[self.kind][0]
+
+    @property
+    def plural(self) -> str:
+        return RESOURCES[self.kind][1]
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> Ref:
+        meta = manifest["metadata"]
+        return cls(kind=manifest["kind"], namespace=meta["namespace"], name=meta["name"])
+
+
+def collection_path(api_version: str, plural: str, namespace: str) -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{prefix}/namespaces/{namespace}/{plural}"
+
+
+def object_path(ref: Ref, subresource: str | None = None) -> str:
+    path = f"{collection_path(ref.api_version, ref.plural, ref.namespace)}/{ref.name}"
+    return f"{path}/{subresource}" if subresource else path
+
+
+class Kube:
+    """Async access to the apiserver; counts its own writes (the scale benchmark reports them)."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self._api = api
+        self.writes: Counter[str] = Counter()
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path | None) -> Kube:
+        """Kubeconfig when given (or $KUBECONFIG / ~/.kube/config), else the pod's service account."""
+        configuration = Configuration()
+        if kubeconfig is None and not _kubeconfig_available():
+            aio_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
+            )
+        return cls(ApiClient(configuration))
+
+    async def close(self) -> None:
+        await self._api.close()  # type: ignore[no-untyped-call]
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+        counted: str = "",
+    ) -> Manifest | None:
+        """One HTTP round trip; None on 404, KubeError on any other failure."""
+        _, url, headers, _, _ = await self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = await self._api.call_api(method, url, header_params=headers, body=body)
+        raw = await response.read()  # type: ignore[no-untyped-call]
+        if counted:
+            self.writes[counted] += 1
+        if response.status == 404:
+            return None
+        if not 200 <= response.status < 300:
+            raise KubeError(response.status, method, path, _server_message(raw))
+        result: Manifest = json.loads(raw) if raw else {}
+        return result
+
+    async def get(self, ref: Ref) -> Manifest | None:
+        return await self._request("GET", object_path(ref))
+
+    async def apply(self, manifest: Manifest) -> Manifest:
+        """Server-side apply of a whole child; `force` because these fields belong to the operator."""
+        path = object_path(Ref.of(manifest))
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        applied = await self._request(
+            "PATCH", path, body=manifest, content_type=APPLY, query=query, counted=f"apply {manifest['kind']}"
+        )
+        if applied is None:
+            raise KubeError(404, "PATCH", path, "namespace or resource type not found")
+        return applied
+
+    async def merge_patch(self, ref: Ref, patch: Manifest, subresource: str | None = None) -> Manifest | None:
+        """JSON merge patch of the given fields only; None when the object is gone."""
+        query = [("fieldManager", FIELD_MANAGER)]
+        return await self._request(
+            "PATCH",
+            object_path(ref, subresource),
+            body=patch,
+            content_type=MERGE,
+            query=query,
+            counted=f"patch {ref.kind}/{subresource}" if subresource else f"patch {ref.kind}",
+        )
+
+    async def delete(self, ref: Ref) -> bool:
+        """Delete with background propagation (owner references remove the grandchildren)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        return (
+            await self._request("DELETE", object_path(ref), body=body, counted=f"delete {ref.kind}")
+            is not None
+        )
+
+    async def serves(self, api_version: str, plural: str) -> bool:
+        """Whether the apiserver serves a resource type (a CRD such as ray.io/v1 rayclusters)."""
+        listing = await self._request("GET", f"/apis/{api_version}")
+        return any(item.get("name") == plural for item in (listing or {}).get("resources", []))
+
+    async def post_event(self, involved: Manifest, *, warning: bool, reason: str, message: str) -> None:
+        """A core/v1 Event on `involved`, shown by `kubectl describe` and `kubectl get events`."""
+        meta = involved["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": "Warning" if warning else "Normal",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": now[:19] + "Z",
+            "lastTimestamp": now[:19] + "Z",
+            "count": 1,
+        }
+        await self._request(
+            "POST", collection_path("v1", "events", meta["namespace"]), body=event, counted="create Event"
+        )
+
+
+def _kubeconfig_available() -> bool:
+    import os
+
+    return bool(os.environ.get("KUBECONFIG")) or (Path.home() / ".kube" / "config").exists()
+
+
+def _server_message(raw: bytes) -> str:
+    try:
+        message = json.loads(raw).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message) if message else raw.decode(errors="replace")[:500]

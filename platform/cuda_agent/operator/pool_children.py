@@ -1,0 +1,304 @@
+"""The children of a SandboxPool, built as plain manifests from its spec (pure: no I/O).
+
+The sandbox workload is a StatefulSet, not a Deployment: a session lives in one pod's workspace for the
+whole episode, so the trainer must reach the same pod on every turn. A StatefulSet gives each pod a
+stable DNS name behind the headless Service (`<pool>-<i>.<pool>.<ns>.svc`) to pin a session to, and it
+removes pods highest-ordinal-first, so the operator knows which pods a scale-down will remove and can
+drain exactly those first. `Parallel` pod management starts and stops pods together, as a Deployment does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType
+from cuda_agent.operator import labels as lb
+from cuda_agent.operator.kube import Manifest
+from cuda_agent.operator.views import manifest_hash
+
+SANDBOX_PORT = 8470  # the sandbox server's default port
+SANDBOX_UID = 65532  # the image's unprivileged user; restricted Pod Security forbids root
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+JUDGE_DIR = "/opt/cuda-agent/judge"
+SERVER_CONFIG_DIR = "/etc/cuda-agent/sandbox"
+SERVER_CONFIG_KEY = "sandbox.yaml"
+STATE_DIR = "/var/lib/cuda-agent-sandbox"  # the server's state: session workspaces, build caches
+# Pod-level grace after SIGTERM: the server finishes the judge job in flight (build plus run) and exits.
+TERMINATION_MARGIN_SECONDS = 30
+# Sessions one pod accepts: twice the autoscaler's target leaves room for bursts before it scales up.
+SESSIONS_PER_TARGET = 2
+SESSIONS_WITHOUT_AUTOSCALING = 8
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_UNITS |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+
+
+@dataclass(frozen=True)
+class PoolIdentity:
+    name: str
+    namespace: str
+    uid: str
+
+
+def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
+    """Controller reference: deleting the owner lets the garbage collector delete the child."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(pool: PoolIdentity, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": pool.namespace,
+        "labels": lb.child_labels(lb.POOL_LABEL, pool.name, component),
+        "ownerReferences": [owner_reference(lb.API_VERSION, lb.POOL_KIND, pool.name, pool.uid)],
+    }
+
+
+def with_hash(manifest: Manifest) -> Manifest:
+    """Stamp the manifest with the hash of its own content (computed before the stamp is added)."""
+    stamped = dict(manifest)
+    metadata = dict(stamped["metadata"])
+    metadata["annotations"] = {**metadata.get("annotations", {}), lb.SPEC_HASH: manifest_hash(manifest)}
+    stamped["metadata"] = metadata
+    return stamped
+
+
+def mebibytes(quantity: str) -> int:
+    """A Kubernetes quantity ("10Gi", "500M", "1000000") in MiB, rounded up."""
+    number = quantity.rstrip("KMGTPik")
+    return -(-int(float(number) * _UNITS[quantity[len(number) :]]) // 2**20)
+
+
+def max_sessions(spec: SandboxPoolSpec) -> int:
+    if spec.autoscaling is None:
+        return SESSIONS_WITHOUT_AUTOSCALING
+    return SESSIONS_PER_TARGET * spec.autoscaling.target_sessions_per_replica
+
+
+def server_config(spec: SandboxPoolSpec) -> dict[str, Any]:
+    """`cuda-agent sandbox serve --config` of the pool's pods: SandboxServerConfig fields from the spec."""
+    run_timeout = spec.limits.run_timeout_seconds
+    return {
+        "host": "0.0.0.0",
+        "port": SANDBOX_PORT,
+        "state_dir": STATE_DIR,
+        "judge_dir": JUDGE_DIR,
+        "gpus": spec.gpu.count,
+        "max_sessions": max_sessions(spec),
+        "workspace_quota_mib": mebibytes(spec.limits.workspace_size),
+        "bash_default_timeout_s": float(min(120, run_timeout)),
+        "bash_max_timeout_s": float(run_timeout),
+        # One judge process builds once, then verifies and profiles (each a run).
+        "judge_timeout_s": float(spec.limits.build_timeout_seconds + 2 * run_timeout),
+        "agent_limits": {"processes": spec.limits.pids},
+    }
+
+
+def judge_configmap(pool: PoolIdentity, spec: SandboxPoolSpec, judge_files: Mapping[str, str]) -> Manifest:
+    """Judge scripts, mounted read-only into every sandbox pod, with their SHA-256 manifest so the
+    server can refuse to judge with files that differ from what the operator shipped; and the server's
+    config file (mounted elsewhere, so the judge directory holds judge files only)."""
+    data = {_configmap_key(path): content for path, content in sorted(judge_files.items())}
+    digest_lines = [
+        f"{hashlib.sha256(content.encode()).hexdigest()}  {path}"
+        for path, content in sorted(judge_files.items())
+    ]
+    data["MANIFEST.sha256"] = "\n".join(digest_lines) + "\n"
+    data[SERVER_CONFIG_KEY] = yaml.safe_dump(server_config(spec), sort_keys=False)
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _metadata(pool, lb.judge_configmap_name(pool.name), lb.COMPONENT_SANDBOX),
+            "immutable": False,
+            "data": data,
+        }
+    )
+
+
+def _configmap_key(path: str) -> str:
+    # ConfigMap keys cannot hold "/": nested files are flattened and put back in place by volume items.
+    return path.replace("/", "__")
+
+
+def headless_service(pool: PoolIdentity) -> Manifest:
+    """Session routing: the name resolves to the ready sandbox pods, and each pod has its own name."""
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(pool, pool.name, lb.COMPONENT_SANDBOX),
+            "spec": {
+                "clusterIP": "None",
+                "selector": lb.pool_selector(pool.name),
+                "ports": [{"name": "http", "port": SANDBOX_PORT, "targetPort": "http", "protocol": "TCP"}],
+                "publishNotReadyAddresses": False,
+            },
+        }
+    )
+
+
+def network_policy(pool: PoolIdentity) -> Manifest:
+    """Default deny: no egress at all (agent code must not reach anything), ingress only on the server
+    port from the trainer pods of runs that use this pool and from the operator (which reads load)."""
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(pool, pool.name, lb.COMPONENT_SANDBOX),
+            "spec": {
+                "podSelector": {"matchLabels": lb.pool_selector(pool.name)},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [
+                    {
+                        "from": [
+                            {"podSelector": {"matchLabels": {lb.SANDBOX_CLIENT_LABEL: pool.name}}},
+                            {
+                                "namespaceSelector": {},
+                                "podSelector": {"matchLabels": {lb.NAME: lb.OPERATOR_NAME}},
+                            },
+                        ],
+                        "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}],
+                    }
+                ],
+                "egress": [],
+            },
+        }
+    )
+
+
+def _seccomp(spec: SandboxPoolSpec) -> dict[str, str]:
+    profile = spec.security.seccomp_profile
+    if profile.type == SeccompProfileType.LOCALHOST and profile.localhost_profile:
+        return {"type": "Localhost", "localhostProfile": profile.localhost_profile}
+    return {"type": "RuntimeDefault"}
+
+
+def _state_size(spec: SandboxPoolSpec) -> str:
+    """Every session's workspace quota, plus 2 GiB of build caches."""
+    return f"{mebibytes(spec.limits.workspace_size) * max_sessions(spec) + 2048}Mi"
+
+
+def _resources(spec: SandboxPoolSpec) -> dict[str, dict[str, str]]:
+    storage = f"{mebibytes(_state_size(spec)) + 1024}Mi"  # the state volume plus /tmp
+    limits = {"memory": spec.limits.memory, "ephemeral-storage": storage}
+    requests = {"cpu": "1", "memory": spec.limits.memory}
+    if spec.gpu.count > 0:
+        # Extended resources cannot be overcommitted: request and limit must be equal.
+        limits[spec.gpu.resource_name] = str(spec.gpu.count)
+        requests[spec.gpu.resource_name] = str(spec.gpu.count)
+    return {"requests": requests, "limits": limits}
+
+
+def _volumes(pool: PoolIdentity, spec: SandboxPoolSpec, judge_paths: list[str]) -> list[dict[str, Any]]:
+    configmap = lb.judge_configmap_name(pool.name)
+    judge_items = [{"key": _configmap_key(p), "path": p} for p in [*judge_paths, "MANIFEST.sha256"]]
+    return [
+        {"name": "state", "emptyDir": {"sizeLimit": _state_size(spec)}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "judge", "configMap": {"name": configmap, "defaultMode": 0o444, "items": judge_items}},
+        {
+            "name": "server-config",
+            "configMap": {
+                "name": configmap,
+                "defaultMode": 0o444,
+                "items": [{"key": SERVER_CONFIG_KEY, "path": SERVER_CONFIG_KEY}],
+            },
+        },
+    ]
+
+
+def _container(spec: SandboxPoolSpec) -> dict[str, Any]:
+    readiness = {"httpGet": {"path": "/v1/status", "port": "http"}, "timeoutSeconds": 2}
+    liveness = {"httpGet": {"path": "/healthz", "port": "http"}, "timeoutSeconds": 2}
+    return {
+        "name": "sandbox",
+        "image": spec.image,
+        "command": ["cuda-agent", "sandbox", "serve", "--config", f"{SERVER_CONFIG_DIR}/{SERVER_CONFIG_KEY}"],
+        "ports": [{"name": "http", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
+        "resources": _resources(spec),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": SANDBOX_UID,
+            "runAsGroup": SANDBOX_UID,
+            "seccompProfile": _seccomp(spec),
+        },
+        "volumeMounts": [
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "judge", "mountPath": JUDGE_DIR, "readOnly": True},
+            {"name": "server-config", "mountPath": SERVER_CONFIG_DIR, "readOnly": True},
+        ],
+        "readinessProbe": {**readiness, "periodSeconds": 5, "failureThreshold": 2},
+        # /healthz turns 503 once a judge file's hash changed: the kubelet restarts the pod.
+        "livenessProbe": {**liveness, "periodSeconds": 20, "failureThreshold": 3, "initialDelaySeconds": 10},
+    }
+
+
+def statefulset(
+    pool: PoolIdentity, spec: SandboxPoolSpec, replicas: int, judge_paths: list[str], judge_hash: str
+) -> Manifest:
+    """The sandbox pods. `replicas` is what the drain plan allows now, not always spec.replicas."""
+    selector = lb.pool_selector(pool.name)
+    pod_labels = {**lb.child_labels(lb.POOL_LABEL, pool.name, lb.COMPONENT_SANDBOX), **selector}
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # agent code must not reach the Kubernetes API
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": SANDBOX_UID,
+            "runAsGroup": SANDBOX_UID,
+            "fsGroup": SANDBOX_UID,
+            "seccompProfile": _seccomp(spec),
+        },
+        "terminationGracePeriodSeconds": spec.limits.build_timeout_seconds
+        + spec.limits.run_timeout_seconds
+        + TERMINATION_MARGIN_SECONDS,
+        "containers": [_container(spec)],
+        "volumes": _volumes(pool, spec, judge_paths),
+    }
+    if spec.gpu.count > 0:
+        pod_spec["tolerations"] = [
+            {"key": spec.gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}
+        ]
+    if spec.gpu.product:
+        pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: spec.gpu.product}
+    if spec.security.runtime_class_name:
+        pod_spec["runtimeClassName"] = spec.security.runtime_class_name
+    return with_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": _metadata(pool, pool.name, lb.COMPONENT_SANDBOX),
+            "spec": {
+                "replicas": replicas,
+                "serviceName": pool.name,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": selector},
+                "updateStrategy": {"type": "RollingUpdate"},
+                "template": {
+                    # The judge hash rolls the pods when the judge files change (mounted files would
+                    # update in place, under sessions that already started with the old judge).
+                    "metadata": {
+                        "labels": pod_labels,
+                        "annotations": {"cuda-agent.io/judge-hash": judge_hash},
+                    },
+                    "spec": pod_spec,
+                },
+            },
+        }
+    )

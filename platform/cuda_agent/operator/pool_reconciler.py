@@ -1,0 +1,349 @@
+"""One reconcile pass of a SandboxPool: a flat, ordered list of steps and one status write.
+
+Every pass starts from what the watches show now (level-based), so a pass after an operator restart,
+a deleted child or a missed event converges to the same objects; writes happen only where the desired
+manifest differs from what the child carries (its spec-hash annotation).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from cuda_agent.api.sandboxpool import SandboxPoolSpec
+from cuda_agent.operator import labels as lb
+from cuda_agent.operator.autoscaler import Decision, Demand, PodLoad, ScalingPolicy, decide
+from cuda_agent.operator.conditions import Condition, merge_conditions, rfc3339
+from cuda_agent.operator.context import OperatorContext
+from cuda_agent.operator.demand import probe_pods
+from cuda_agent.operator.drain import DrainPlan, plan_drain
+from cuda_agent.operator.kube import KubeError, Manifest, Ref
+from cuda_agent.operator.pool_children import (
+    SANDBOX_PORT,
+    PoolIdentity,
+    headless_service,
+    judge_configmap,
+    network_policy,
+    statefulset,
+)
+from cuda_agent.operator.views import ChildView, PodView
+
+log = logging.getLogger(__name__)
+DRAIN_POLL_SECONDS = 2.0
+STATUS_INTERVAL = 1.0
+CONFIGMAP_LIMIT = 1_000_000  # bytes; the apiserver refuses larger ConfigMaps
+
+
+@functools.cache
+def judge_files() -> dict[str, str]:
+    """The judge package's files (relative path -> text), found next to this distribution's other roots
+    without importing the sandbox package (it needs torch, which the operator image does not have)."""
+    import cuda_agent
+
+    for root in cuda_agent.__path__:
+        judge_dir = Path(root) / "sandbox" / "judge"
+        if judge_dir.is_dir():
+            return {
+                str(path.relative_to(judge_dir)): path.read_text(encoding="utf-8")
+                for path in sorted(judge_dir.rglob("*"))
+                if path.is_file()
+                and "__pycache__" not in path.parts
+                and path.suffix in (".py", ".json", ".md")
+            }
+    return {}
+
+
+@functools.cache
+def judge_files_hash() -> str:
+    return judge_hash(judge_files())
+
+
+@functools.lru_cache(maxsize=256)
+def desired_judge_configmap(pool: PoolIdentity, spec_json: str) -> Manifest:
+    """The judge ConfigMap of a pool, built once per spec: hashing ~200 KB of judge files on every
+    pass was most of a pass's CPU. Callers must not modify the returned manifest."""
+    return judge_configmap(pool, SandboxPoolSpec.model_validate_json(spec_json), judge_files())
+
+
+def judge_hash(files: Mapping[str, str]) -> str:
+    digest = hashlib.sha256()
+    for path, content in sorted(files.items()):
+        digest.update(path.encode() + b"\0" + content.encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+async def apply_changed(
+    context: OperatorContext, manifests: Sequence[Manifest], live: Mapping[tuple[str, str], ChildView]
+) -> tuple[list[str], list[str]]:
+    """Server-side apply every manifest whose child is missing or carries another hash.
+
+    Returns (names applied, errors as text). A child applied by this process a moment ago may not be
+    in the watch index yet; the in-memory record of applied hashes keeps that from a second write.
+    """
+    applied: list[str] = []
+    errors: list[str] = []
+    for manifest in manifests:
+        meta = manifest["metadata"]
+        wanted = meta["annotations"][lb.SPEC_HASH]
+        key = (manifest["kind"], meta["namespace"], meta["name"])
+        child = live.get((manifest["kind"], meta["name"]))
+        if child is not None and wanted in (child.spec_hash, context.applied.get(key)):
+            continue
+        try:
+            await context.kube.apply(manifest)
+        except KubeError as error:
+            errors.append(f"{manifest['kind']} {meta['name']}: {error}")
+            continue
+        context.applied[key] = wanted
+        applied.append(meta["name"])
+    return applied, errors
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """What a status is computed from."""
+
+    generation: int
+    desired: int
+    statefulset_replicas: int
+    pods: Sequence[PodView]
+    loads: Sequence[PodLoad] | None
+    plan: DrainPlan
+    problems: Sequence[Condition]  # Degraded reasons found on the way, most severe first
+    warnings: Sequence[Condition] = ()  # Degraded reasons that matter less than unschedulable pods
+
+
+def pool_status(
+    pool: PoolIdentity, observed: PoolObservation, previous: Mapping[str, Any], now: datetime
+) -> dict[str, Any]:
+    """The whole operator-owned status of a pool (pure)."""
+    live = [p for p in observed.pods if not p.terminating]
+    ready = sum(1 for p in live if p.ready)
+    unschedulable = [p for p in live if p.unschedulable]
+    desired = observed.desired
+    if desired == 0 and not live:
+        ready_condition = Condition("Ready", True, "ScaledToZero", "spec.replicas is 0")
+    elif ready >= desired and len(live) == desired:
+        ready_condition = Condition(
+            "Ready", True, "AllReplicasReady", f"{ready}/{desired} sandbox pods ready"
+        )
+    else:
+        ready_condition = Condition(
+            "Ready", False, "ReplicasNotReady", f"{ready}/{desired} sandbox pods ready"
+        )
+    if observed.plan.waiting_on:
+        scaling = Condition(
+            "Scaling",
+            True,
+            "Draining",
+            f"scaling down to {desired}: waiting for sessions on {', '.join(observed.plan.waiting_on[:8])}",
+        )
+    elif len(live) < desired or observed.statefulset_replicas < desired:
+        scaling = Condition("Scaling", True, "ScalingUp", f"{len(live)} -> {desired} sandbox pods")
+    elif len(live) > desired:
+        scaling = Condition("Scaling", True, "ScalingDown", f"{len(live)} -> {desired} sandbox pods")
+    else:
+        scaling = Condition("Scaling", False, "Stable", f"{desired} sandbox pods")
+    degraded = _degraded(observed.problems, unschedulable, observed.warnings)
+    status: dict[str, Any] = {
+        "observedGeneration": observed.generation,
+        "replicas": len(live),
+        "readyReplicas": ready,
+        "selector": lb.selector_string(lb.pool_selector(pool.name)),
+        "conditions": merge_conditions(
+            previous.get("conditions"),
+            [ready_condition, scaling, degraded],
+            generation=observed.generation,
+            now=now,
+        ),
+    }
+    if observed.loads is not None:
+        demand = Demand.of(observed.loads)
+        status["activeSessions"] = demand.active_sessions
+        status["queueDepth"] = demand.queued_judge_jobs
+    return status
+
+
+def _degraded(
+    problems: Sequence[Condition], unschedulable: Sequence[PodView], warnings: Sequence[Condition]
+) -> Condition:
+    if problems:
+        return problems[0]
+    if unschedulable:
+        message = unschedulable[0].unschedulable or ""
+        reason = (
+            "InsufficientGPU" if "Insufficient" in message and "gpu" in message.lower() else "Unschedulable"
+        )
+        return Condition(
+            "Degraded", True, reason, f"{len(unschedulable)} sandbox pods cannot be scheduled: {message}"
+        )
+    if warnings:
+        return warnings[0]
+    return Condition("Degraded", False, "AsExpected", "")
+
+
+def _transitions(status: Mapping[str, Any]) -> set[tuple[Any, ...]]:
+    conditions = {(c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or ()}
+    return conditions | {("observedGeneration", status.get("observedGeneration"), status.get("selector"))}
+
+
+def status_write_delay(
+    previous: Mapping[str, Any], status: Mapping[str, Any], since_last: float
+) -> float | None:
+    """None to write now, else seconds to wait (pure). A changed condition or generation is written at
+    once; counts that move while pods come and go are written at most every STATUS_INTERVAL seconds, so
+    a 128-pod scale-up costs a handful of status writes, not one per pod."""
+    if _transitions(previous) != _transitions(status) or since_last >= STATUS_INTERVAL:
+        return None
+    return STATUS_INTERVAL - since_last
+
+
+async def _write_status(
+    context: OperatorContext, body: Manifest, status: dict[str, Any], ref: Ref
+) -> float | None:
+    """The pass's one status write, skipped when nothing changed; returns when to look again if the
+    write was held back by the rate limit."""
+    key = (ref.kind, ref.namespace, ref.name)
+    previous = body.get("status") or {}
+    written_at, written = context.status_written.get(key, (0.0, {}))
+    if any(all(seen.get(f) == v for f, v in status.items()) for seen in (previous, written)):
+        return None  # the watch may not show our last write yet: `written` covers that gap
+    delay = status_write_delay(written or previous, status, time.monotonic() - written_at)
+    if delay is not None:
+        return delay
+    cleared = {
+        field: None for field in ("activeSessions", "queueDepth") if field in previous and field not in status
+    }
+    await context.kube.merge_patch(ref, {"status": {**status, **cleared}}, subresource="status")
+    context.status_written[key] = (time.monotonic(), status)
+    return None
+
+
+async def _autoscale(
+    context: OperatorContext,
+    body: Manifest,
+    spec: SandboxPoolSpec,
+    loads: Sequence[PodLoad],
+    key: tuple[str, str, str],
+) -> Decision | None:
+    autoscaling = spec.autoscaling
+    assert autoscaling is not None
+    policy = ScalingPolicy(
+        min_replicas=autoscaling.min_replicas,
+        max_replicas=autoscaling.max_replicas,
+        target_sessions_per_replica=autoscaling.target_sessions_per_replica,
+        scale_down_delay=autoscaling.scale_down_delay_seconds,
+    )
+    decision = decide(spec.replicas, Demand.of(loads), policy, context.history(key), time.monotonic())
+    if decision is None:
+        return None
+    # Through /scale, the same door `kubectl scale` and an HPA use; spec.replicas stays the one truth.
+    await context.kube.merge_patch(
+        Ref.of(body), {"spec": {"replicas": decision.replicas}}, subresource="scale"
+    )
+    await context.kube.post_event(body, warning=False, reason=decision.reason, message=decision.message)
+    return decision
+
+
+async def _mark_drain(context: OperatorContext, namespace: str, plan: DrainPlan, now: datetime) -> None:
+    for pod in plan.start_draining:
+        patch = {"metadata": {"annotations": {lb.DRAIN_SINCE: rfc3339(now)}}}
+        await context.kube.merge_patch(Ref("Pod", namespace, pod), patch)
+    for pod in plan.stop_draining:
+        await context.kube.merge_patch(
+            Ref("Pod", namespace, pod), {"metadata": {"annotations": {lb.DRAIN_SINCE: None}}}
+        )
+
+
+async def reconcile_pool(context: OperatorContext, namespace: str, name: str) -> float | None:
+    """Converge one SandboxPool; returns seconds until the next pass is needed (None: on events only)."""
+    key = (lb.POOL_KIND, namespace, name)
+    body = context.owner(key)
+    if body is None:
+        context.forget(key)  # deleted: owner references remove the children
+        return None
+    ref = Ref(lb.POOL_KIND, namespace, name)
+    pool = PoolIdentity(name=name, namespace=namespace, uid=body["metadata"]["uid"])
+    generation = int(body["metadata"].get("generation", 0))
+    now = datetime.now(UTC)
+    try:
+        spec = SandboxPoolSpec.model_validate(body.get("spec") or {})
+    except ValidationError as error:
+        invalid = Condition("Degraded", True, "InvalidSpec", str(error).replace("\n", "; ")[:2000])
+        conditions = merge_conditions(
+            body.get("status", {}).get("conditions"), [invalid], generation=generation, now=now
+        )
+        await _write_status(context, body, {"observedGeneration": generation, "conditions": conditions}, ref)
+        return None
+    problems: list[Condition] = []
+    warnings: list[Condition] = []
+
+    # 1. The judge files, the Service and the NetworkPolicy.
+    children = context.children_of(key)
+    files = judge_files()
+    configmap = desired_judge_configmap(pool, spec.model_dump_json(by_alias=True))
+    if not files:
+        warnings.append(
+            Condition("Degraded", True, "JudgeFilesMissing", "no judge files in this operator install")
+        )
+    if sum(len(v) for v in configmap["data"].values()) > CONFIGMAP_LIMIT:  # the apiserver's limit
+        problems.append(
+            Condition("Degraded", True, "JudgeFilesTooLarge", "judge files exceed a ConfigMap's 1 MB")
+        )
+    _, errors = await apply_changed(
+        context, [configmap, headless_service(pool), network_policy(pool)], children
+    )
+
+    # 2. Observe the pods (from the watch index) and, when it matters, their load.
+    pods = context.pods_of(key)
+    sts = children.get(("StatefulSet", name))
+    current = int(sts.spec.get("replicas", 0)) if sts is not None else 0
+    shrinking = current > spec.replicas
+    loads: list[PodLoad] | None = None
+    if spec.autoscaling is not None or shrinking:
+        running = [p for p in pods if p.phase == "Running" and not p.terminating]
+        loads = await probe_pods(namespace, running, SANDBOX_PORT, context.probe)
+
+    # 3. Autoscale from demand: a new spec.replicas through /scale, and an Event.
+    desired = spec.replicas
+    if spec.autoscaling is not None and loads is not None:
+        decision = await _autoscale(context, body, spec, loads, key)
+        desired = decision.replicas if decision is not None else desired
+
+    # 4. Drain the pods a scale-down removes, then size the StatefulSet.
+    by_name = {load.pod: load for load in loads or ()}
+    plan = plan_drain(desired, current, pods, by_name, now, context.config.drain_grace_period)
+    await _mark_drain(context, namespace, plan, now)
+    manifest = statefulset(pool, spec, plan.statefulset_replicas, sorted(files), judge_files_hash())
+    resized, sts_errors = await apply_changed(context, [manifest], children)
+    errors += sts_errors
+    if resized and sts is not None and plan.statefulset_replicas != current:
+        message = (
+            f"StatefulSet {current} -> {plan.statefulset_replicas} sandbox pods (spec.replicas {desired})"
+        )
+        await context.kube.post_event(body, warning=False, reason="Scaled", message=message)
+    if errors:
+        problems.append(Condition("Degraded", True, "ApplyFailed", "; ".join(errors)[:2000]))
+
+    # 5. One status write.
+    observed = PoolObservation(
+        generation, desired, plan.statefulset_replicas, pods, loads, plan, problems, warnings
+    )
+    held = await _write_status(context, body, pool_status(pool, observed, body.get("status") or {}, now), ref)
+    waits = [held] if held is not None else []
+    if errors:
+        waits.append(context.queue.error_backoff)
+    if plan.draining:
+        waits.append(DRAIN_POLL_SECONDS)
+    if spec.autoscaling is not None:
+        waits.append(context.config.sync_period)
+    return min(waits) if waits else None

@@ -1,0 +1,216 @@
+"""Clients of the sandbox server: `SandboxClient` (asyncio, for agent loops) and `SyncSandboxClient`.
+
+    async with SandboxClient("http://127.0.0.1:8470") as sandbox:
+        session = await sandbox.create_session(task_source, device="cuda")
+        result = await sandbox.tool(session.session_id, "bash", {"command": "verify"})
+        print(result.output)
+        reward = (await sandbox.judge(session.session_id, "profile")).result
+        await sandbox.delete_session(session.session_id)
+
+Both speak the models of cuda_agent.sandbox.server.models; a tool call takes the tool's name and its
+input as the model emitted it, and returns the tool's typed result. HTTP errors raise SandboxError
+with the server's message; tool failures are results (`is_error`), not exceptions.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from cuda_agent.sandbox.server.models import (
+    CreateSessionRequest,
+    DeleteSessionResponse,
+    Device,
+    EvaluateRequest,
+    JudgeOptions,
+    JudgeResult,
+    JudgeRun,
+    JudgeStage,
+    ServerStatus,
+    SessionInfo,
+    SessionJudgeRequest,
+    SessionList,
+    TaskRef,
+    ToolList,
+    ToolResult,
+)
+from cuda_agent.sandbox.server.tools import TOOLS
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SandboxError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"sandbox server answered {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _session_request(
+    task_source: str | None,
+    task_uri: str | None,
+    device: Device,
+    ttl_s: float | None,
+    judge: JudgeOptions | None,
+    name: str,
+) -> CreateSessionRequest:
+    return CreateSessionRequest(
+        task=TaskRef(source=task_source, uri=task_uri, name=name),
+        device=device,
+        ttl_s=ttl_s,
+        judge=judge or JudgeOptions(),
+    )
+
+
+def _tool_input(name: str, arguments: dict[str, Any] | BaseModel) -> tuple[str, BaseModel, type[ToolResult]]:
+    if name not in TOOLS:
+        raise ValueError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}")
+    tool = TOOLS[name]
+    body = arguments if isinstance(arguments, BaseModel) else tool.input_model.model_validate(arguments)
+    return f"tools/{name}", body, tool.result_model
+
+
+def _error_message(status: int, payload: bytes) -> SandboxError:
+    try:
+        message = json.loads(payload)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = payload.decode("utf-8", "replace")[:500]
+    return SandboxError(status, message)
+
+
+class SandboxClient:
+    """Async client; one aiohttp session with a connection pool sized for many concurrent sessions."""
+
+    def __init__(self, base_url: str, timeout_s: float = 3600.0, max_connections: int = 256) -> None:
+        import aiohttp
+
+        self.base_url = base_url.rstrip("/")
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            connector=aiohttp.TCPConnector(limit=max_connections),
+        )
+
+    async def __aenter__(self) -> SandboxClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def _call(self, method: str, path: str, body: BaseModel | None, out: type[M]) -> M:
+        data = body.model_dump_json(by_alias=True, exclude_none=True) if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        async with self._http.request(method, f"{self.base_url}{path}", data=data, headers=headers) as resp:
+            payload = await resp.read()
+            if resp.status >= 400:
+                raise _error_message(resp.status, payload)
+        return out.model_validate_json(payload)
+
+    async def create_session(
+        self,
+        task_source: str | None = None,
+        *,
+        task_uri: str | None = None,
+        device: Device = "cpu",
+        ttl_s: float | None = None,
+        judge: JudgeOptions | None = None,
+        name: str = "task",
+    ) -> SessionInfo:
+        req = _session_request(task_source, task_uri, device, ttl_s, judge, name)
+        return await self._call("POST", "/v1/sessions", req, SessionInfo)
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        return await self._call("GET", f"/v1/sessions/{session_id}", None, SessionInfo)
+
+    async def list_sessions(self) -> SessionList:
+        return await self._call("GET", "/v1/sessions", None, SessionList)
+
+    async def delete_session(self, session_id: str) -> DeleteSessionResponse:
+        return await self._call("DELETE", f"/v1/sessions/{session_id}", None, DeleteSessionResponse)
+
+    async def tool(self, session_id: str, name: str, arguments: dict[str, Any] | BaseModel) -> ToolResult:
+        path, body, result_model = _tool_input(name, arguments)
+        return await self._call("POST", f"/v1/sessions/{session_id}/{path}", body, result_model)
+
+    async def judge(self, session_id: str, stage: JudgeStage = "profile") -> JudgeRun:
+        return await self._call(
+            "POST", f"/v1/sessions/{session_id}/judge", SessionJudgeRequest(stage=stage), JudgeRun
+        )
+
+    async def evaluate(self, request: EvaluateRequest) -> JudgeResult:
+        return await self._call("POST", "/v1/evaluate", request, JudgeResult)
+
+    async def status(self) -> ServerStatus:
+        return await self._call("GET", "/v1/status", None, ServerStatus)
+
+    async def tools(self) -> ToolList:
+        return await self._call("GET", "/v1/tools", None, ToolList)
+
+
+class SyncSandboxClient:
+    """Blocking client on the standard library, for scripts and tests."""
+
+    def __init__(self, base_url: str, timeout_s: float = 3600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """Raw access: (status, body), errors included, for callers that check status codes."""
+        req = urllib.request.Request(
+            f"{self.base_url}{path}",
+            data=body,
+            method=method,
+            headers={"Content-Type": "application/json"} if body else {},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def _call(self, method: str, path: str, body: BaseModel | None, out: type[M]) -> M:
+        data = body.model_dump_json(by_alias=True, exclude_none=True).encode() if body is not None else None
+        status, payload = self.request(method, path, data)
+        if status >= 400:
+            raise _error_message(status, payload)
+        return out.model_validate_json(payload)
+
+    def create_session(
+        self,
+        task_source: str | None = None,
+        *,
+        task_uri: str | None = None,
+        device: Device = "cpu",
+        ttl_s: float | None = None,
+        judge: JudgeOptions | None = None,
+        name: str = "task",
+    ) -> SessionInfo:
+        req = _session_request(task_source, task_uri, device, ttl_s, judge, name)
+        return self._call("POST", "/v1/sessions", req, SessionInfo)
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        return self._call("GET", f"/v1/sessions/{session_id}", None, SessionInfo)
+
+    def delete_session(self, session_id: str) -> DeleteSessionResponse:
+        return self._call("DELETE", f"/v1/sessions/{session_id}", None, DeleteSessionResponse)
+
+    def tool(self, session_id: str, name: str, arguments: dict[str, Any] | BaseModel) -> ToolResult:
+        path, body, result_model = _tool_input(name, arguments)
+        return self._call("POST", f"/v1/sessions/{session_id}/{path}", body, result_model)
+
+    def judge(self, session_id: str, stage: JudgeStage = "profile") -> JudgeRun:
+        return self._call(
+            "POST", f"/v1/sessions/{session_id}/judge", SessionJudgeRequest(stage=stage), JudgeRun
+        )
+
+    def evaluate(self, request: EvaluateRequest) -> JudgeResult:
+        return self._call("POST", "/v1/evaluate", request, JudgeResult)
+
+    def status(self) -> ServerStatus:
+        return self._call("GET", "/v1/status", None, ServerStatus)

@@ -1,0 +1,7 @@
+"""The judge: turns (task, candidate) into a milestone reward in {-1, 1, 2, 3} that cannot be gamed.
+
+Process model (docs/judge.md): the orchestrator (trusted, never imports candidate code) screens, builds and
+computes references; a fresh worker process runs the candidate under recorders and reports over an
+authenticated pipe. Modules imported by the worker (channel, task, recorder, tamper, timing, inline,
+isolation, worker) use only the standard library and torch.
+"""

@@ -1,0 +1,622 @@
+"""Trusted builds of candidate extensions into a content-addressed cache (orchestrator side only).
+
+Why not torch's own load_inline: it recompiles torch headers into every translation unit (76 s cold for a
+trivial kernel on the H200 host, MEASUREMENTS.md). Here every translation unit is cached by the hash of
+its source, its quoted includes, its flags and the toolchain; torch TUs compile against a precompiled
+header of torch/extension.h built once per flag set; TUs compile in parallel; linking is cached by the
+objects' keys. Workspace `.cu` kernels never see torch headers, so an edit to one rebuilds in ~2 s.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.sandbox.judge import screen
+
+FROZEN_DIR = Path(__file__).parent / "frozen"
+FROZEN_FILES = ("binding.cpp", "binding_registry.h")
+WORKSPACE_MODULE = "cuda_extension"
+BUILD_LOG_LIMIT = 8192
+HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx")
+QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+
+
+class BuildTimeout(Exception):
+    """The build phase ran past its deadline."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Compilers, torch paths and target flags; `tag` changes whenever any of them does."""
+
+    device: str
+    cxx: str
+    cxx_version: str
+    nvcc: str | None
+    nvcc_version: str
+    torch_version: str
+    torch_includes: tuple[str, ...]
+    torch_lib: str
+    cuda_lib: str | None
+    cuda_arch_flags: tuple[str, ...]
+    cpu_model: str
+
+    @property
+    def tag(self) -> str:
+        return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True, default=list).encode()).hexdigest()[
+            :24
+        ]
+
+
+def _version(cmd: Sequence[str], *, last_line: bool = False) -> str:
+    """A compiler's version line (nvcc prints it last, g++ first): part of every cache key."""
+    try:
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    lines = (out.stdout or out.stderr).strip().splitlines()
+    if not lines:
+        return "unknown"
+    return lines[-1] if last_line else lines[0]
+
+
+def _cpu_model() -> str:
+    """-march=native objects are only valid on the CPU that built them: the cache key says which."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    model = re.search(r"^model name\s*:\s*(.*)$", info, re.MULTILINE)
+    flags = re.search(r"^flags\s*:\s*(.*)$", info, re.MULTILINE)
+    flag_hash = hashlib.sha256((flags.group(1) if flags else "").encode()).hexdigest()[:12]
+    return f"{model.group(1) if model else platform.machine()} [{flag_hash}]"
+
+
+@functools.cache
+def detect_toolchain(device: str) -> Toolchain:
+    import torch
+    import torch.utils.cpp_extension as cpp_extension
+
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or "g++"
+    nvcc = None
+    cuda_lib = None
+    arch: tuple[str, ...] = ()
+    if device == "cuda":
+        cuda_home = cpp_extension.CUDA_HOME
+        candidate = Path(cuda_home, "bin", "nvcc") if cuda_home else None
+        nvcc = str(candidate) if candidate and candidate.exists() else shutil.which("nvcc")
+        cuda_lib = cpp_extension.library_paths("cuda")[-1]
+        major, minor = torch.cuda.get_device_capability()
+        arch = (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)
+    includes = [*cpp_extension.include_paths("cuda" if device == "cuda" else "cpu")]
+    includes.append(sysconfig.get_path("include", scheme="posix_prefix"))
+    return Toolchain(
+        device=device,
+        cxx=cxx,
+        cxx_version=_version([cxx, "--version"]),
+        nvcc=nvcc,
+        nvcc_version=_version([nvcc, "--version"], last_line=True) if nvcc else "",
+        torch_version=torch.__version__,
+        torch_includes=tuple(includes),
+        torch_lib=cpp_extension.library_paths("cpu")[0],
+        cuda_lib=cuda_lib,
+        cuda_arch_flags=arch,
+        cpu_model=_cpu_model(),
+    )
+
+
+class BuildCache:
+    """Layout: pch/<key>/, obj/<k2>/<key>.o, ext/<key>/<name>.so, locks/. Entries appear atomically."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        for sub in ("pch", "obj", "ext", "locks", "tmp"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        self.lock_wait_s = 0.0
+
+    def obj(self, key: str) -> Path:
+        return self.root / "obj" / key[:2] / f"{key}.o"
+
+    def ext(self, key: str, name: str) -> Path:
+        return self.root / "ext" / key / f"{name}.so"
+
+    def pch_dir(self, key: str) -> Path:
+        return self.root / "pch" / key
+
+    @contextmanager
+    def lock(self, name: str, deadline: float) -> Iterator[None]:
+        """Exclusive file lock (shared by concurrent judges); the wait is counted in lock_wait_s."""
+        path = self.root / "locks" / f"{name}.lock"
+        start = time.monotonic()
+        with open(path, "a+") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise BuildTimeout() from None
+                    time.sleep(0.1)
+            self.lock_wait_s += time.monotonic() - start
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def publish(self, produced: Path, final: Path) -> None:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(produced, final)
+
+    def scratch(self) -> Path:
+        return Path(tempfile.mkdtemp(dir=self.root / "tmp"))
+
+
+@dataclass
+class Unit:
+    """One translation unit: where its source is, how it compiles, and its content key."""
+
+    label: str
+    lang: str  # "cxx-torch" | "cxx-plain" | "cuda-torch" | "cuda-plain"
+    source: Path
+    flags: list[str]
+    search_dirs: list[Path]
+    module: str
+    key: str = ""
+
+
+@dataclass
+class UnitOutcome:
+    unit: Unit
+    ok: bool
+    cached: bool
+    output: str
+    seconds: float
+
+
+@dataclass
+class BuiltExtension:
+    name: str
+    path: str
+    sha256: str
+    digest: str
+    kernels: list[str]
+    cached: bool
+
+
+@dataclass
+class BuildOutcome:
+    ok: bool = True
+    extensions: list[BuiltExtension] = field(default_factory=list)
+    log: str = ""
+    cached: bool = True
+    violations: list[str] = field(default_factory=list)
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _remaining(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise BuildTimeout()
+    return left
+
+
+def _quoted_deps(source: Path, search_dirs: Sequence[Path], limit: int = 256) -> dict[str, str]:
+    """Hashes of the files a source pulls in through quoted #includes (recursively): part of its key."""
+    seen: dict[str, str] = {}
+    stack = [source]
+    while stack and len(seen) < limit:
+        current = stack.pop()
+        try:
+            text = current.read_text(errors="replace")
+        except OSError:
+            continue
+        for name in QUOTED_INCLUDE.findall(text):
+            for base in (current.parent, *search_dirs):
+                path = (base / name).resolve()
+                if path.is_file():
+                    label = str(path)
+                    if label not in seen:
+                        seen[label] = hashlib.sha256(path.read_bytes()).hexdigest()
+                        stack.append(path)
+                    break
+    return seen
+
+
+def _unit_key(unit: Unit, toolchain: Toolchain, pch_key: str | None) -> str:
+    body = {
+        "lang": unit.lang,
+        "flags": unit.flags,
+        "module": unit.module,
+        "source": hashlib.sha256(unit.source.read_bytes()).hexdigest(),
+        "deps": sorted(_quoted_deps(unit.source, unit.search_dirs).values()),
+        "toolchain": toolchain.tag,
+        "pch": pch_key,
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _torch_cxx_flags(toolchain: Toolchain, module: str) -> list[str]:
+    flags = [f"-DTORCH_EXTENSION_NAME={module}", "-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", "-std=c++17"]
+    for inc in toolchain.torch_includes:
+        flags += ["-isystem", inc]
+    return flags
+
+
+def _pch_flags(toolchain: Toolchain, user_flags: Sequence[str]) -> list[str]:
+    """Flags that must match between the PCH and its users (GCC rejects a PCH built with other -O0/-m/-f)."""
+    flags = ["-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", "-std=c++17"]
+    for inc in toolchain.torch_includes:
+        flags += ["-isystem", inc]
+    optimized = False
+    for flag in user_flags:
+        if flag.startswith("-O"):
+            optimized = flag not in ("-O0", "-O")
+            if flag == "-Ofast":
+                flags.append("-Ofast")
+        elif flag.startswith(("-m", "-f", "-std=", "-D", "-U")) and not flag.startswith(
+            "-DTORCH_EXTENSION_NAME"
+        ):
+            flags.append(flag)
+    if optimized and "-Ofast" not in flags:
+        flags.append("-O2")
+    return flags
+
+
+def _ensure_pch(
+    toolchain: Toolchain, cache: BuildCache, user_flags: Sequence[str], deadline: float
+) -> tuple[str, Path, str]:
+    """(key, header to -include, log) of the precompiled torch/extension.h for this flag set."""
+    flags = _pch_flags(toolchain, user_flags)
+    key = hashlib.sha256(json.dumps([toolchain.tag, flags]).encode()).hexdigest()[:32]
+    directory = cache.pch_dir(key)
+    header = directory / "torch_extension_pch.h"
+    gch = directory / "torch_extension_pch.h.gch"
+    if gch.exists():
+        return key, header, ""
+    with cache.lock(f"pch-{key}", deadline):
+        if gch.exists():
+            return key, header, ""
+        scratch = cache.scratch()
+        (scratch / "torch_extension_pch.h").write_text("#pragma once\n#include <torch/extension.h>\n")
+        cmd = [
+            toolchain.cxx,
+            "-x",
+            "c++-header",
+            str(scratch / "torch_extension_pch.h"),
+            "-o",
+            str(scratch / "torch_extension_pch.h.gch"),
+            *flags,
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_remaining(deadline), check=False)
+        if proc.returncode != 0:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise RuntimeError(f"precompiled header failed:\n{proc.stdout}{proc.stderr}")
+        if directory.exists():
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            os.replace(scratch, directory)
+    return key, header, "precompiled torch/extension.h built once for this flag set\n"
+
+
+def _compile_command(unit: Unit, toolchain: Toolchain, output: Path, pch_header: Path | None) -> list[str]:
+    if unit.lang.startswith("cuda"):
+        if toolchain.nvcc is None:
+            raise RuntimeError("nvcc not found: cannot build CUDA sources")
+        cmd = [toolchain.nvcc, "-c", str(unit.source), "-o", str(output), *unit.flags]
+    else:
+        cmd = [toolchain.cxx, "-c", str(unit.source), "-o", str(output), *unit.flags]
+        if pch_header is not None:
+            cmd += ["-include", str(pch_header), "-Winvalid-pch"]
+    for directory in unit.search_dirs:
+        cmd += ["-I", str(directory)]
+    return cmd
+
+
+def _compile(
+    unit: Unit, toolchain: Toolchain, cache: BuildCache, pch_header: Path | None, deadline: float
+) -> UnitOutcome:
+    start = time.monotonic()
+    final = cache.obj(unit.key)
+    if final.exists():
+        return UnitOutcome(unit, True, True, "", 0.0)
+    scratch = cache.scratch()
+    try:
+        produced = scratch / "unit.o"
+        cmd = _compile_command(unit, toolchain, produced, pch_header)
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, cwd=scratch, timeout=_remaining(deadline), check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise BuildTimeout() from None
+        output = (proc.stdout + proc.stderr).strip()
+        if proc.returncode != 0 or not produced.exists():
+            return UnitOutcome(
+                unit, False, False, output or f"exit code {proc.returncode}", time.monotonic() - start
+            )
+        cache.publish(produced, final)
+        return UnitOutcome(unit, True, False, output, time.monotonic() - start)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _link(
+    name: str,
+    objects: list[Path],
+    toolchain: Toolchain,
+    cuda: bool,
+    ldflags: list[str],
+    cache: BuildCache,
+    deadline: float,
+) -> tuple[Path | None, bool, str]:
+    libs = ["-L", toolchain.torch_lib, "-lc10"]
+    if cuda:
+        libs.append("-lc10_cuda")
+    libs.append("-ltorch_cpu")
+    if cuda:
+        libs.append("-ltorch_cuda")
+    libs += ["-ltorch", "-ltorch_python"]
+    if cuda and toolchain.cuda_lib:
+        libs += ["-L", toolchain.cuda_lib, "-lcudart"]
+    key_body = [toolchain.tag, name, [o.stem for o in objects], libs, ldflags]
+    key = hashlib.sha256(json.dumps(key_body).encode()).hexdigest()[:40]
+    final = cache.ext(key, name)
+    if final.exists():
+        return final, True, ""
+    scratch = cache.scratch()
+    try:
+        produced = scratch / f"{name}.so"
+        cmd = [toolchain.cxx, "-shared", *map(str, objects), "-o", str(produced), *libs, *ldflags]
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=_remaining(deadline), check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise BuildTimeout() from None
+        if proc.returncode != 0:
+            return None, False, (proc.stdout + proc.stderr).strip()
+        cache.publish(produced, final)
+        return final, False, ""
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _format_log(outcomes: list[UnitOutcome], extra: list[str]) -> str:
+    """Errors first, then warnings; truncated to ~8 KB so the reward message stays small."""
+    parts: list[str] = []
+    for o in sorted(outcomes, key=lambda o: o.ok):
+        if not o.ok:
+            parts.append(f"== {o.unit.label}: FAILED ==\n{o.output}\n")
+    parts += extra
+    for o in outcomes:
+        if o.ok and o.output:
+            parts.append(f"== {o.unit.label}: warnings ==\n{o.output}\n")
+    for o in outcomes:
+        if o.ok:
+            parts.append(f"{o.unit.label}: {'cached' if o.cached else f'compiled in {o.seconds:.1f} s'}\n")
+    text = "".join(parts)
+    if len(text) > BUILD_LOG_LIMIT:
+        text = text[:BUILD_LOG_LIMIT] + f"\n... [{len(text) - BUILD_LOG_LIMIT} more characters truncated]\n"
+    return text
+
+
+def _build_units(
+    name: str,
+    units: list[Unit],
+    ldflags: list[str],
+    toolchain: Toolchain,
+    cache: BuildCache,
+    deadline: float,
+    pch_user_flags: Sequence[str] | None,
+) -> tuple[Path | None, bool, str]:
+    """Compile all units in parallel (cache hits skip), then link; (so path or None, all cached, log)."""
+    extra: list[str] = []
+    pch_header: Path | None = None
+    pch_key: str | None = None
+    if pch_user_flags is not None and any(u.lang == "cxx-torch" for u in units):
+        pch_key, pch_header, note = _ensure_pch(toolchain, cache, pch_user_flags, deadline)
+        if note:
+            extra.append(note)
+    for unit in units:
+        unit.key = _unit_key(unit, toolchain, pch_key if unit.lang == "cxx-torch" else None)
+    workers = max(1, min(len(units), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [
+            pool.submit(
+                _compile, u, toolchain, cache, pch_header if u.lang == "cxx-torch" else None, deadline
+            )
+            for u in units
+        ]
+        outcomes = [f.result() for f in futures]
+    if not all(o.ok for o in outcomes):
+        return None, False, _format_log(outcomes, extra)
+    cuda = any(u.lang.startswith("cuda") for u in units) or toolchain.device == "cuda"
+    so, link_cached, link_log = _link(
+        name, [cache.obj(u.key) for u in units], toolchain, cuda, ldflags, cache, deadline
+    )
+    if so is None:
+        extra.append(f"== link {name}.so: FAILED ==\n{link_log}\n")
+    all_cached = link_cached and all(o.cached for o in outcomes)
+    return so, all_cached, _format_log(outcomes, extra)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- workspace layout: kernels/*.cu | *.cpp, kernels/*_binding.cpp, frozen binding.cpp ---------------------
+
+
+def workspace_sources(candidate: Path) -> dict[str, list[Path]]:
+    kernels = candidate / "kernels"
+    files = sorted(p for p in kernels.iterdir() if p.is_file()) if kernels.is_dir() else []
+    return {
+        "cuda": [p for p in files if p.suffix == ".cu"],
+        "binding": [p for p in files if p.name.endswith("_binding.cpp")],
+        "plain": [
+            p
+            for p in files
+            if p.suffix in (".cpp", ".cc", ".cxx")
+            and not p.name.endswith("_binding.cpp")
+            and p.name not in FROZEN_FILES
+        ],
+    }
+
+
+def build_workspace(
+    candidate: Path, toolchain: Toolchain, cache: BuildCache, deadline: float
+) -> BuildOutcome:
+    """Compile kernels (no torch headers) and bindings (against the PCH) in parallel; link cuda_extension."""
+    sources = workspace_sources(candidate)
+    kernels_dir = candidate / "kernels"
+    if not sources["binding"]:
+        return BuildOutcome(ok=False, cached=False, error="build failed: kernels/ has no *_binding.cpp")
+    if sources["cuda"] and toolchain.device != "cuda":
+        return BuildOutcome(ok=False, cached=False, error="build failed: kernels/*.cu need --device cuda")
+    units: list[Unit] = []
+    for src in sources["cuda"]:
+        flags = ["-O3", *toolchain.cuda_arch_flags, "-Xcompiler", "-fPIC", "-std=c++17"]
+        units.append(Unit(f"kernels/{src.name}", "cuda-plain", src, flags, [kernels_dir], WORKSPACE_MODULE))
+    for src in sources["plain"]:
+        flags = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
+        units.append(Unit(f"kernels/{src.name}", "cxx-plain", src, flags, [kernels_dir], WORKSPACE_MODULE))
+    binding_flags = [*_torch_cxx_flags(toolchain, WORKSPACE_MODULE), "-O2"]
+    search = [FROZEN_DIR, kernels_dir]
+    for src in [*sources["binding"], FROZEN_DIR / "binding.cpp"]:
+        label = f"kernels/{src.name}" if src.parent == kernels_dir else f"frozen/{src.name}"
+        units.append(Unit(label, "cxx-torch", src, binding_flags, search, WORKSPACE_MODULE))
+    so, cached, log = _build_units(
+        WORKSPACE_MODULE, units, [], toolchain, cache, deadline, pch_user_flags=["-O2"]
+    )
+    if so is None:
+        return BuildOutcome(ok=False, log=log, cached=False, error="build failed")
+    kernels = screen.global_kernels(p.read_text(errors="replace") for p in sources["cuda"])
+    ext = BuiltExtension(WORKSPACE_MODULE, str(so), _sha256(so), "workspace", kernels, cached)
+    return BuildOutcome(ok=True, extensions=[ext], log=log, cached=cached)
+
+
+# --- load_inline / load specs collected from the build process -------------------------------------------
+
+
+def _resolve_include_dirs(spec: dict[str, Any], candidate: Path) -> list[Path]:
+    dirs = []
+    for raw in spec["include_dirs"]:
+        path = (candidate / raw).resolve()
+        if not path.is_relative_to(candidate.resolve()) or not path.is_dir():
+            raise ValueError(f"extra_include_paths entry {raw!r} is not a directory inside the candidate")
+        dirs.append(path)
+    return dirs
+
+
+def screen_spec(spec: dict[str, Any]) -> list[str]:
+    where = f"extension {spec['name']!r}"
+    findings = screen.screen_flags("cxx", spec["extra_cflags"], where)
+    findings += screen.screen_flags("cuda", spec["extra_cuda_cflags"], where)
+    findings += screen.screen_flags("ld", spec["extra_ldflags"], where)
+    for unit in spec["units"]:
+        findings += screen.screen_cpp(unit["code"], f"{spec['name']}/{unit['file']}")
+    return findings
+
+
+def build_specs(
+    specs: list[dict[str, Any]], candidate: Path, toolchain: Toolchain, cache: BuildCache, deadline: float
+) -> BuildOutcome:
+    """Build every distinct extension the candidate's load_inline/load calls asked for."""
+    outcome = BuildOutcome()
+    logs: list[str] = []
+    seen: set[str] = set()
+    for spec in specs:
+        if spec["digest"] in seen:
+            continue
+        seen.add(spec["digest"])
+        violations = screen_spec(spec)
+        if violations:
+            outcome.violations += violations
+            continue
+        if spec["with_cuda"] and toolchain.device != "cuda":
+            return BuildOutcome(
+                ok=False,
+                cached=False,
+                error=f"build failed: extension {spec['name']!r} has CUDA sources but the device is cpu",
+            )
+        if any(
+            f.startswith(("-arch", "--gpu-architecture", "-gencode", "--generate-code"))
+            for f in spec["extra_cuda_cflags"]
+        ):
+            arch = []
+        else:
+            arch = list(toolchain.cuda_arch_flags)
+        include_dirs = _resolve_include_dirs(spec, candidate)
+        scratch = cache.root / "src" / spec["digest"][:32]
+        scratch.mkdir(parents=True, exist_ok=True)
+        units: list[Unit] = []
+        for unit in spec["units"]:
+            path = scratch / Path(unit["file"]).name
+            if not path.exists() or path.read_text() != unit["code"]:
+                path.write_text(unit["code"])
+            if unit["lang"] == "cuda":
+                flags = [f"-DTORCH_EXTENSION_NAME={spec['name']}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+                for inc in toolchain.torch_includes:
+                    flags += ["-isystem", inc]
+                flags += [
+                    "-D__CUDA_NO_HALF_OPERATORS__",
+                    "-D__CUDA_NO_HALF_CONVERSIONS__",
+                    "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                    "-D__CUDA_NO_HALF2_OPERATORS__",
+                    "--expt-relaxed-constexpr",
+                    *arch,
+                    "--compiler-options",
+                    "-fPIC",
+                    *spec["extra_cuda_cflags"],
+                ]
+                if not any(f.startswith("-std=") for f in spec["extra_cuda_cflags"]):
+                    flags.append("-std=c++17")
+                units.append(
+                    Unit(f"{spec['name']}/{path.name}", "cuda-torch", path, flags, include_dirs, spec["name"])
+                )
+            else:
+                flags = [*_torch_cxx_flags(toolchain, spec["name"]), *spec["extra_cflags"]]
+                units.append(
+                    Unit(f"{spec['name']}/{path.name}", "cxx-torch", path, flags, include_dirs, spec["name"])
+                )
+        so, cached, log = _build_units(
+            spec["name"],
+            units,
+            list(spec["extra_ldflags"]),
+            toolchain,
+            cache,
+            deadline,
+            pch_user_flags=spec["extra_cflags"],
+        )
+        logs.append(log)
+        if so is None:
+            return BuildOutcome(
+                ok=False, cached=False, log="".join(logs)[: BUILD_LOG_LIMIT * 2], error="build failed"
+            )
+        kernels = screen.global_kernels(u["code"] for u in spec["units"] if u["lang"] == "cuda")
+        outcome.extensions.append(
+            BuiltExtension(spec["name"], str(so), _sha256(so), spec["digest"], kernels, cached)
+        )
+        outcome.cached = outcome.cached and cached
+    outcome.log = "".join(logs)
+    if outcome.violations:
+        outcome.ok = False
+    return outcome

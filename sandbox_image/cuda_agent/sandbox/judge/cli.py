@@ -1,0 +1,148 @@
+"""`cuda-agent judge TASK CANDIDATE [...]`: judge one candidate and print the verdict.
+
+Also runs as `python -m cuda_agent.sandbox.judge.cli TASK CANDIDATE [...]` (how the session server starts it).
+
+Exit 0 whenever judging completed (reward -1 included); exit 2 with one line on stderr for usage errors,
+unreadable files, or a TASK that itself fails to run. With --json stdout carries exactly one JSON
+object; candidate output never reaches stdout (the worker writes it to a private log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"cuda-agent judge: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="cuda-agent judge", description="Judge a candidate kernel against a KernelBench task.")
+    p.add_argument(
+        "task", type=Path, metavar="TASK", help="KernelBench-format task .py (Model, get_inputs, ...)"
+    )
+    p.add_argument("candidate", type=Path, metavar="CANDIDATE", help="model_new.py, or a workspace directory")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    p.add_argument(
+        "--trials", type=int, default=5, help="verify trials, fresh secret inputs each (default 5)"
+    )
+    p.add_argument("--precision", choices=("strict-fp32", "tf32"), default="strict-fp32")
+    p.add_argument(
+        "--compile-mode",
+        choices=("default", "max-autotune", "none"),
+        default="default",
+        help="torch.compile mode of the baseline; none skips it (reward then at most 2)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=1800.0, help="total seconds (phases also have own limits)"
+    )
+    p.add_argument("--atol", type=float, default=1e-2)
+    p.add_argument("--rtol", type=float, default=1e-2)
+    p.add_argument("--profile-trials", type=int, default=100, help="interleaved timed trials (default 100)")
+    p.add_argument(
+        "--seed-file",
+        type=Path,
+        default=None,
+        help="reproduce a run: read the hex seed from PATH, or write a fresh one there",
+    )
+    p.add_argument(
+        "--cache-dir", type=Path, default=None, help="build cache (default $CUDA_AGENT_JUDGE_CACHE)"
+    )
+    return p
+
+
+def _summary(result: object) -> str:
+    from cuda_agent.sandbox.judge.config import JudgeResult
+
+    assert isinstance(result, JudgeResult)
+    t, s = result.timings_ms, result.speedup
+
+    def fmt(value: float | None, digits: int = 4) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        f"reward {result.reward}   compiled {result.compiled}   correct {result.correct}   "
+        f"device {result.device}   precision {result.precision}",
+        f"timings ms ({result.timing_method or 'not profiled'}): candidate {fmt(t.candidate)}"
+        f"  eager {fmt(t.eager)}"
+        f"  compile {fmt(t.compile)}",
+        f"speedup: vs eager {fmt(s.eager, 3)}  vs compile {fmt(s.compile, 3)}",
+    ]
+    if result.error:
+        lines.append(f"error: {result.error}")
+    lines += [f"violation: {v}" for v in result.violations]
+    if result.task_flags:
+        lines.append(f"task flags: {', '.join(result.task_flags)}")
+    if result.build_log and not result.compiled:
+        lines.append("build log:\n" + result.build_log)
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    # Heavy imports (torch) only after the arguments are known to be valid.
+    import torch
+
+    from cuda_agent.sandbox.judge import orchestrator
+    from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings, Timeouts, Tolerances
+
+    device: Literal["cpu", "cuda"] = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("cuda-agent judge: --device cuda but no CUDA device is available", file=sys.stderr)
+        return 2
+    for label, path in (("TASK", args.task), ("CANDIDATE", args.candidate)):
+        if not path.exists():
+            print(f"cuda-agent judge: {label} {path} does not exist", file=sys.stderr)
+            return 2
+    try:
+        timeouts = Timeouts(
+            total=args.timeout,
+            build=min(900.0, args.timeout),
+            verify=min(300.0, args.timeout),
+            profile=min(600.0, args.timeout),
+        )
+        config = JudgeConfig(
+            task=args.task.resolve(),
+            candidate=args.candidate.resolve(),
+            device=device,
+            trials=args.trials,
+            precision=args.precision,
+            compile_mode=args.compile_mode,
+            tolerances=Tolerances(atol=args.atol, rtol=args.rtol),
+            timeouts=timeouts,
+            profile=ProfileSettings(trials=args.profile_trials),
+            seed_file=args.seed_file,
+            **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        print(f"cuda-agent judge: invalid {field}: {first['msg']}", file=sys.stderr)
+        return 2
+    try:
+        result = orchestrator.judge(config)
+    except orchestrator.UsageError as exc:
+        print(f"cuda-agent judge: {exc}", file=sys.stderr)
+        return 2
+    except orchestrator.TaskFailure as exc:
+        print(f"cuda-agent judge: task error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(result.model_dump_json() + "\n")
+    else:
+        print(_summary(result))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

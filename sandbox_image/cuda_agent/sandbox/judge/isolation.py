@@ -1,0 +1,244 @@
+"""Process isolation that needs no privileges: non-dumpable judge, Landlock-confined worker, private copies.
+
+In a restricted pod (non-root, no capabilities) the judge cannot switch users or create namespaces, but it
+can (1) mark itself non-dumpable so same-UID code cannot ptrace it or open /proc/<pid>/mem, (2) confine
+the worker with Landlock so candidate code can write only to its private directory, open no TCP
+connection and signal nothing outside itself, and (3) run the candidate from a read-only private copy.
+Each step reports what it achieved; an older kernel degrades the report, never the judging.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+# Write-side filesystem rights (reads and execution stay allowed everywhere).
+FS_WRITE_FILE = 1 << 1
+FS_WRITE_RIGHTS_V1 = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << b for b in range(6, 13))
+FS_REFER = 1 << 13
+FS_TRUNCATE = 1 << 14
+NET_BIND_TCP = 1 << 0
+NET_CONNECT_TCP = 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+
+MAX_CANDIDATE_FILES = 2000
+MAX_CANDIDATE_BYTES = 64 << 20
+# Environment variables the worker inherits; everything else (tokens, judge settings) is dropped.
+ENV_PASSTHROUGH = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "CC",
+    "CXX",
+    "TRITON_PTXAS_PATH",
+    "TRITON_LIBCUDA_PATH",
+)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.prctl.restype = ctypes.c_int
+    return libc
+
+
+def make_non_dumpable() -> str:
+    """PR_SET_DUMPABLE=0: same-UID processes can no longer ptrace us or read /proc/<pid>/{mem,fd,environ}."""
+    try:
+        rc = _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError) as exc:
+        return f"unavailable: {exc}"
+    return "on" if rc == 0 else f"failed: errno {ctypes.get_errno()}"
+
+
+def no_core_dumps() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def landlock_abi() -> int:
+    try:
+        abi = _libc().syscall(
+            SYS_LANDLOCK_CREATE_RULESET,
+            None,
+            ctypes.c_size_t(0),
+            ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION),
+        )
+    except (OSError, AttributeError):
+        return 0
+    return max(0, int(abi))
+
+
+def confine_writes(writable: list[Path], devices: list[Path]) -> str:
+    """Landlock the calling process (and its future children): writes only beneath `writable`, file
+    writes (no creation) beneath `devices`, no TCP bind/connect, no signals or abstract sockets outward."""
+    abi = landlock_abi()
+    if abi < 1:
+        return "unavailable: kernel without Landlock"
+    libc = _libc()
+    fs_rights = FS_WRITE_RIGHTS_V1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0)
+    attr = _RulesetAttr(
+        fs_rights,
+        (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
+        (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0,
+    )
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc.syscall(
+        SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)
+    )
+    if ruleset < 0:
+        return f"failed: create_ruleset errno {ctypes.get_errno()}"
+    try:
+        file_rights = FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
+        for path, rights in [*((p, fs_rights) for p in writable), *((p, file_rights) for p in devices)]:
+            if not path.exists():
+                continue
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneathAttr(rights, fd)
+                rc = libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE,
+                    ctypes.c_int(ruleset),
+                    ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                    ctypes.byref(rule),
+                    ctypes.c_uint32(0),
+                )
+                if rc < 0:
+                    return f"failed: add_rule {path} errno {ctypes.get_errno()}"
+            finally:
+                os.close(fd)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return f"failed: no_new_privs errno {ctypes.get_errno()}"
+        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+            return f"failed: restrict_self errno {ctypes.get_errno()}"
+    finally:
+        os.close(ruleset)
+    parts = [f"abi {abi}: writes only to the private dir"]
+    if abi >= 4:
+        parts.append("no TCP")
+    if abi >= 6:
+        parts.append("no signals or abstract sockets outward")
+    return "on (" + ", ".join(parts) + ")"
+
+
+@dataclass
+class Workspace:
+    """One judge run's private directory: the sealed candidate copy, the worker's home and its log."""
+
+    root: Path
+    candidate: Path
+    home: Path
+    log: Path
+
+    def cleanup(self) -> None:
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            for name in dirnames + filenames:
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    os.chmod(path, stat.S_IRWXU)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def make_workspace(candidate: Path) -> Workspace:
+    root = Path(tempfile.mkdtemp(prefix="cuda-agent-judge-"))
+    os.chmod(root, 0o700)
+    workspace = Workspace(root=root, candidate=root / "cand", home=root / "home", log=root / "candidate.log")
+    workspace.home.mkdir()
+    workspace.log.touch()
+    workspace.candidate.mkdir()
+    if candidate.is_file():
+        shutil.copyfile(candidate, workspace.candidate / "model_new.py")
+    else:
+        _copy_tree(candidate, workspace.candidate)
+    return workspace
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """Regular files and directories only: links (which could point at judge files) are not followed."""
+    count = total = 0
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
+        rel = Path(dirpath).relative_to(src)
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if not d.startswith((".git", "__pycache__")) and not os.path.islink(os.path.join(dirpath, d))
+        ]
+        (dst / rel).mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            path = Path(dirpath, name)
+            if path.is_symlink() or not path.is_file():
+                continue
+            count += 1
+            total += path.stat().st_size
+            if count > MAX_CANDIDATE_FILES or total > MAX_CANDIDATE_BYTES:
+                raise ValueError(
+                    f"candidate directory {src} is too large (> {MAX_CANDIDATE_FILES} files or 64 MiB)"
+                )
+            shutil.copyfile(path, dst / rel / name)
+
+
+def seal(path: Path) -> None:
+    """Read-only for everyone (a non-root worker cannot edit what was screened and built)."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o444)
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o555)
+    os.chmod(path, 0o555)
+
+
+def worker_env(workspace: Workspace, device: str) -> dict[str, str]:
+    """A scrubbed environment: only what CUDA and the toolchain need, caches inside the private home."""
+    env = {k: os.environ[k] for k in ENV_PASSTHROUGH if k in os.environ}
+    home = str(workspace.home)
+    env.update(
+        HOME=home,
+        TMPDIR=home,
+        LANG="C.UTF-8",
+        PYTHONHASHSEED="0",
+        PYTHONDONTWRITEBYTECODE="1",
+        TORCH_EXTENSIONS_DIR=os.path.join(home, "torch_extensions"),
+        TORCHINDUCTOR_CACHE_DIR=os.path.join(home, "inductor"),
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        TRITON_CACHE_DIR=os.path.join(home, "triton"),
+        TRITON_HOME=home,
+        CUDA_CACHE_PATH=os.path.join(home, "nv"),
+        XDG_CACHE_HOME=os.path.join(home, "cache"),
+    )
+    env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+    if device == "cpu":
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env

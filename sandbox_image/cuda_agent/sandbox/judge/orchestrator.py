@@ -1,0 +1,758 @@
+"""The orchestrator: one judge run as a flat list of steps, ending in one result (trusted; never imports
+candidate code).
+
+hash judge files -> non-dumpable -> secret seed -> task -> private sealed copy -> static screen ->
+references (its own, per trial, plus float64; skipped once the screen has rejected the candidate) ->
+build (collect process + trusted compile) -> device lock -> worker: import, verify trials (fresh
+seeds at trial time, both orders, poisoned memory, refilled buffers), profile (interleaved, device
+time) -> compare against its own references -> milestone reward.
+Everything in the result comes from this process or from authenticated channel frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuda_agent.sandbox import gpu_lock
+from cuda_agent.sandbox.judge import build, channel, compare, inline, isolation, policy, screen, tensors
+from cuda_agent.sandbox.judge import task as task_lib
+from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeResult, milestone_reward
+from cuda_agent.sandbox.judge.worker import BOOT
+
+JUDGE_DIR = Path(__file__).resolve().parent
+JUDGE_ROOT = JUDGE_DIR.parents[2]  # the directory holding the `cuda_agent` namespace of this judge
+
+
+class UsageError(Exception):
+    """Bad arguments or unreadable files: exit 2."""
+
+
+class TaskFailure(Exception):
+    """The task itself failed to run: exit 2 ("task error: ...")."""
+
+
+class RunStopped(Exception):
+    """Judging ended early with a verdict already recorded in the result."""
+
+
+# --- references ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrialReference:
+    """What the orchestrator alone knows about one trial: seeds, and the outputs they must produce."""
+
+    index: int
+    order: str
+    seed: int
+    variant: str
+    refill_seed: int
+    refill_variant: str
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    refill_outputs: list[torch.Tensor] = field(default_factory=list)
+    outputs64: list[torch.Tensor] | None = None
+    input_digest: str = ""
+
+    def message(self, structure: Any, meta: list[dict[str, Any]], mutates: bool) -> dict[str, Any]:
+        return {
+            "type": "trial",
+            "index": self.index,
+            "order": self.order,
+            "seed": self.seed,
+            "variant": self.variant,
+            "refill_seed": self.refill_seed,
+            "refill_variant": self.refill_variant,
+            "structure": structure,
+            "meta": meta,
+            "output_bytes": [t.nbytes for t in self.outputs],
+            "task_mutates_inputs": mutates,
+        }
+
+
+@dataclass
+class References:
+    weight_seed: int
+    trials: list[TrialReference]
+    profile_seed: int
+    profile_outputs: list[torch.Tensor]
+    structure: Any
+    meta: list[dict[str, Any]]
+    flags: list[str]
+    mutates_inputs: bool
+
+
+def _clone_inputs(inputs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _run_reference(model: torch.nn.Module, inputs: list[Any]) -> tuple[Any, list[torch.Tensor], list[str]]:
+    """(structure, outputs copied to the CPU, the device type each output had)."""
+    with torch.no_grad():
+        out = model(*inputs)
+    try:
+        structure, leaves = tensors.flatten(out)
+    except tensors.OutputTypeError as exc:
+        raise TaskFailure(f"Model.forward returns a non-tensor output ({exc})") from None
+    return structure, [t.detach().to("cpu").clone() for t in leaves], [t.device.type for t in leaves]
+
+
+@dataclass
+class ReferenceCall:
+    variant: str
+    structure: Any
+    outputs: list[torch.Tensor]
+    devices: list[str]
+    mutated_inputs: bool
+    input_digest: str
+
+
+def _reference_for(task: Any, model: torch.nn.Module, seed: int, variant: str, device: str) -> ReferenceCall:
+    """The reference outputs for one seed, on the variant actually used. A redraw that makes the reference
+    itself fail or go non-finite is not valid for this task: fall back to the task's own distribution."""
+    for attempt in dict.fromkeys((variant, "task")):
+        inputs = task_lib.make_inputs(task, seed, attempt, device)
+        digest = task_lib.input_digest(inputs)
+        before = _clone_inputs(inputs)
+        try:
+            structure, outputs, devices = _run_reference(model, inputs)
+        except TaskFailure:
+            raise
+        except Exception as exc:
+            if attempt == "task":
+                raise TaskFailure(f"Model.forward raised {type(exc).__name__}: {exc}") from exc
+            continue
+        finite = all(torch.isfinite(t).all() for t in outputs if t.is_floating_point())
+        if attempt != "task" and not finite:
+            continue
+        mutated = any(
+            isinstance(a, torch.Tensor) and not tensors.bitwise_equal(a, b)
+            for a, b in zip(inputs, before, strict=True)
+        )
+        return ReferenceCall(attempt, structure, outputs, devices, mutated, digest)
+    raise TaskFailure("no valid inputs")
+
+
+def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References:
+    device = cfg.device
+    task_lib.apply_precision(cfg.precision)
+    weight_seed = task_lib.derive_seed(master, "weights")
+    try:
+        model = task_lib.build_model(task, task.Model, weight_seed, device)
+    except task_lib.TaskError:
+        raise
+    except Exception as exc:
+        raise TaskFailure(f"Model construction raised {type(exc).__name__}: {exc}") from exc
+    model64: torch.nn.Module | None = None
+    if cfg.precision == "strict-fp32":
+        with contextlib.suppress(Exception):
+            model64 = copy.deepcopy(model).double()
+    offset = task_lib.derive_seed(master, "variant-offset") % len(task_lib.VARIANTS)
+    trials: list[TrialReference] = []
+    structure: Any = None
+    devices: list[str] = []
+    mutates = False
+    for i in range(1, cfg.trials + 1):
+        variant = task_lib.VARIANTS[(i - 1 + offset) % len(task_lib.VARIANTS)]
+        refill_variant = task_lib.VARIANTS[(i + offset) % len(task_lib.VARIANTS)]
+        ref = TrialReference(
+            index=i,
+            order="model-first" if i % 2 else "candidate-first",
+            seed=task_lib.derive_seed(master, f"trial/{i}"),
+            variant=variant,
+            refill_seed=task_lib.derive_seed(master, f"refill/{i}"),
+            refill_variant=refill_variant,
+        )
+        call = _reference_for(task, model, ref.seed, variant, device)
+        ref.variant, ref.outputs, ref.input_digest = call.variant, call.outputs, call.input_digest
+        structure, devices = call.structure, call.devices
+        refill = _reference_for(task, model, ref.refill_seed, refill_variant, device)
+        ref.refill_variant, ref.refill_outputs = refill.variant, refill.outputs
+        mutates = mutates or call.mutated_inputs
+        if model64 is not None and any(t.dtype == torch.float32 for t in ref.outputs):
+            inputs = task_lib.make_inputs(task, ref.seed, ref.variant, device)
+            inputs64 = [
+                x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
+            ]
+            try:
+                _, ref.outputs64, _ = _run_reference(model64, inputs64)
+            except Exception:  # some ops have no float64 kernel: no precision audit for this task
+                model64 = None
+        trials.append(ref)
+    profile_seed = task_lib.derive_seed(master, "profile")
+    profile_outputs = _reference_for(task, model, profile_seed, "task", device).outputs
+    meta = [tensors.tensor_meta(t) | {"device": d} for t, d in zip(trials[0].outputs, devices, strict=True)]
+    flags = compare.task_flags([t.outputs for t in trials])
+    if model64 is None and cfg.precision == "strict-fp32":
+        flags.append("no-fp64-reference")
+    if mutates:
+        flags.append("mutates-inputs")
+    del model, model64
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return References(
+        weight_seed, trials, profile_seed, profile_outputs, structure, meta, sorted(flags), mutates
+    )
+
+
+# --- worker sessions ----------------------------------------------------------------------------------------
+
+
+class WorkerSession:
+    """One worker process and its authenticated channel; every failure becomes a verdict, never a hang."""
+
+    def __init__(self, workspace: isolation.Workspace, config: dict[str, Any], device: str) -> None:
+        to_worker_r, to_worker_w = os.pipe()
+        to_orch_r, to_orch_w = os.pipe()
+        self.log = open(workspace.log, "ab")  # noqa: SIM115 - lives as long as the session
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", BOOT, str(JUDGE_ROOT), str(to_worker_r), str(to_orch_w)],
+            pass_fds=(to_worker_r, to_orch_w),
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=self.log,
+            cwd=workspace.candidate,
+            env=isolation.worker_env(workspace, device),
+            start_new_session=True,
+        )
+        os.close(to_worker_r)
+        os.close(to_orch_w)
+        key = channel.new_key()
+        self.endpoint = channel.Endpoint(key, to_orch_r, to_worker_w, is_worker=False)
+        self.phase = "build"
+        self.phase_start = time.monotonic()
+        self.deadline = time.monotonic()
+        try:
+            channel.send_key(to_worker_w, key)
+            self.endpoint.send(config)
+        except BrokenPipeError:
+            pass
+
+    def enter(self, phase: str, limit: float, total_deadline: float) -> None:
+        self.phase = phase
+        self.phase_start = time.monotonic()
+        self.deadline = min(self.phase_start + limit, total_deadline)
+
+    def send(self, message: dict[str, Any]) -> None:
+        # A dead worker: the receive that follows reports how it ended.
+        with contextlib.suppress(BrokenPipeError):
+            self.endpoint.send(message)
+
+    def receive(self, expected: str, result: JudgeResult) -> tuple[dict[str, Any], list[bytes]]:
+        """The next frame of type `expected`; anything else ends the run with the matching verdict."""
+        try:
+            header, blobs = self.endpoint.receive(deadline=self.deadline)
+        except channel.ChannelTimeout:
+            self.kill()
+            result.error = f"timeout after {self.deadline - self.phase_start:.0f} s in {self.phase}"
+            raise RunStopped() from None
+        except channel.ChannelForged as exc:
+            self.kill()
+            result.violations.append(f"output-forged: {exc} (on the judge's channel, in {self.phase})")
+            raise RunStopped() from None
+        except channel.ChannelClosed:
+            rc = self.wait()
+            if rc == 0:
+                result.violations.append(f"early-exit: worker exited before reporting (in {self.phase})")
+            else:
+                result.error = f"crash: exit code {rc} in {self.phase}"
+            raise RunStopped() from None
+        kind = header.get("type")
+        if kind == expected:
+            return header, blobs
+        self.kill()
+        if kind == "candidate_error":
+            if header.get("early_exit"):
+                result.violations.append(str(header["error"]))
+            else:
+                result.error = f"{header['error']} (in {self.phase})"
+        elif kind == "forged":
+            result.violations.append(
+                f"output-forged: {header.get('error')} (on the worker's command channel)"
+            )
+        elif kind == "task_error":
+            raise TaskFailure(str(header.get("error")))
+        elif kind == "judge_error":
+            result.error = f"judge error in {self.phase}: {header.get('error')}"
+        else:
+            result.violations.append(f"output-forged: unexpected message {kind!r} in {self.phase}")
+        raise RunStopped()
+
+    def wait(self) -> int:
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, 9)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self.kill()
+        for fd in (self.endpoint.read_fd, self.endpoint.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.log.close()
+
+
+# --- the run ------------------------------------------------------------------------------------------------
+
+
+def hash_judge_files() -> dict[str, str]:
+    digests = {}
+    for path in sorted(JUDGE_DIR.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digests[str(path.relative_to(JUDGE_DIR))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def read_master_seed(seed_file: Path | None) -> bytes:
+    """Fresh 32 random bytes (never time or pid). --seed-file reproduces a run: read if it exists, else
+    the fresh seed is written there (mode 0600)."""
+    if seed_file is None:
+        return secrets.token_bytes(32)
+    if seed_file.exists():
+        try:
+            return bytes.fromhex(seed_file.read_text().strip())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--seed-file {seed_file}: not a hex seed ({exc})") from None
+    seed = secrets.token_bytes(32)
+    fd = os.open(seed_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(seed.hex() + "\n")
+    return seed
+
+
+class JudgeRun:
+    def __init__(self, cfg: JudgeConfig) -> None:
+        self.cfg = cfg
+        self.result = JudgeResult(precision=cfg.precision, device=cfg.device, trials=cfg.trials)
+        self.start = time.monotonic()
+        self.deadline = self.start + cfg.timeouts.total
+        self.cache = build.BuildCache(cfg.cache_dir)
+        self.global_kernels: list[str] = []
+        self.custom_ops: set[str] = set()
+        self.output_digests: dict[str, int] = {}
+
+    # Each step below is called once, in order, from `execute`.
+    def load_task(self) -> Any:
+        try:
+            source = self.cfg.task.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read TASK {self.cfg.task}: {exc.strerror}") from None
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                task = task_lib.load_task(source, str(self.cfg.task))
+        except task_lib.TaskError as exc:
+            raise TaskFailure(str(exc)) from None
+        self.task_source = source
+        return task
+
+    def screen(self, workspace: isolation.Workspace) -> list[str]:
+        root = workspace.candidate
+        if not (root / "model_new.py").is_file():
+            raise UsageError(f"CANDIDATE {self.cfg.candidate}: no model_new.py")
+        for name in build.FROZEN_FILES:
+            for path in root.rglob(name):
+                path.unlink()
+                self.result.notes.append(
+                    f"candidate's {path.relative_to(root)} ignored: the frozen copy is used"
+                )
+        local_modules = {p.stem for p in root.glob("*.py")} | {p.name for p in root.iterdir() if p.is_dir()}
+        found: list[str] = []
+        for path in sorted(root.rglob("*")):
+            if not path.is_file():
+                continue
+            rel = path.relative_to(root).as_posix()
+            if path.suffix == ".py":
+                found += screen.screen_python(path.read_text(errors="replace"), rel, local_modules)
+            elif path.suffix in (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", *build.HEADER_SUFFIXES):
+                found += screen.screen_cpp(path.read_text(errors="replace"), rel)
+        return found
+
+    def build_candidate(
+        self, workspace: isolation.Workspace, toolchain: build.Toolchain
+    ) -> tuple[list[build.BuiltExtension], list[build.BuiltExtension]]:
+        """(workspace extensions, load_inline artifacts); records compiled/log/violations in the result."""
+        phase_start = time.monotonic()
+        deadline = min(phase_start + self.cfg.timeouts.build, self.deadline)
+        workspace_exts: list[build.BuiltExtension] = []
+        inline_exts: list[build.BuiltExtension] = []
+        logs: list[str] = []
+        cached = True
+        try:
+            py_text = "".join(p.read_text(errors="replace") for p in workspace.candidate.rglob("*.py"))
+            uses_inline = "load_inline" in py_text or "cpp_extension" in py_text
+            sources = build.workspace_sources(workspace.candidate)
+            if sources["binding"] or ((sources["cuda"] or sources["plain"]) and not uses_inline):
+                outcome = build.build_workspace(workspace.candidate, toolchain, self.cache, deadline)
+                logs.append(outcome.log)
+                cached = cached and outcome.cached
+                if not outcome.ok:
+                    self.result.error = outcome.error
+                    self.result.build_log = "".join(logs) or None
+                    raise RunStopped()
+                workspace_exts = outcome.extensions
+                self.result.layout = "workspace"
+            if uses_inline:
+                specs, note = self.collect(workspace, deadline)
+                if note:
+                    logs.append(note)
+                outcome = build.build_specs(
+                    specs, workspace.candidate.resolve(), toolchain, self.cache, deadline
+                )
+                logs.append(outcome.log)
+                cached = cached and outcome.cached
+                self.result.violations += outcome.violations
+                if outcome.violations:
+                    raise RunStopped()
+                if not outcome.ok:
+                    self.result.error = outcome.error
+                    self.result.build_log = "".join(logs)[: build.BUILD_LOG_LIMIT + 200] or None
+                    raise RunStopped()
+                inline_exts = outcome.extensions
+                self.result.layout = self.result.layout or "inline"
+        except build.BuildTimeout:
+            self.result.error = f"timeout after {deadline - phase_start:.0f} s in build"
+            raise RunStopped() from None
+        finally:
+            self.result.seconds.build = time.monotonic() - phase_start
+            self.result.build_lock_wait_s = self.cache.lock_wait_s
+        self.result.build_log = "".join(logs)[: build.BUILD_LOG_LIMIT + 200] or None
+        self.result.build_cached = cached
+        self.result.compiled = True
+        return workspace_exts, inline_exts
+
+    def collect(self, workspace: isolation.Workspace, deadline: float) -> tuple[list[dict[str, Any]], str]:
+        """Run the candidate's import once with a recording load_inline (a separate, confined process)."""
+        session = WorkerSession(workspace, self._worker_config("collect"), self.cfg.device)
+        try:
+            session.enter("build", deadline - time.monotonic(), deadline)
+            started, _ = session.receive("started", self.result)
+            self.result.isolation.update({f"build_{k}": v for k, v in started["isolation"].items()})
+            collected, _ = session.receive("collected", self.result)
+        finally:
+            session.close()
+        note = ""
+        if collected.get("import_error"):
+            note = f"note: while collecting extension sources, {collected['import_error']}\n"
+        try:
+            specs = [_validated_spec(spec) for spec in collected.get("specs") or []]
+        except (ValueError, inline.ExtensionError) as exc:
+            self.result.error = f"build failed: {exc}"
+            raise RunStopped() from None
+        return specs, note
+
+    def _worker_config(
+        self,
+        mode: str,
+        workspace_exts: list[build.BuiltExtension] | None = None,
+        inline_exts: list[build.BuiltExtension] | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "type": "config",
+            "mode": mode,
+            "device": self.cfg.device,
+            "precision": self.cfg.precision,
+            "home": str(self.workspace.home),
+            "candidate_dir": str(self.workspace.candidate),
+            "task_source": self.task_source,
+            "task_path": str(self.cfg.task),
+            "workspace_extensions": [
+                {"name": e.name, "path": e.path, "sha256": e.sha256} for e in workspace_exts or []
+            ],
+            "inline_artifacts": {e.digest: {"path": e.path, "sha256": e.sha256} for e in inline_exts or []},
+        }
+
+    def judge_outputs(
+        self, report: dict[str, Any], blobs: list[bytes], refs: list[torch.Tensor], label: str
+    ) -> tuple[list[torch.Tensor] | None, str | None]:
+        """Decode and compare one call's outputs; violations go to the result, a wrong value is returned."""
+        self.result.violations += report.get("violations", [])
+        if report.get("violations") or "outputs" not in report:
+            return None, None
+        metas = report["outputs"]
+        if len(metas) != len(blobs) or len(metas) != len(refs):
+            self.result.violations.append(f"output-structure: {len(metas)} outputs, expected {len(refs)}")
+            return None, None
+        try:
+            outputs = [tensors.from_bytes(m, b) for m, b in zip(metas, blobs, strict=True)]
+        except (ValueError, TypeError, AttributeError) as exc:
+            self.result.violations.append(f"output-forged: undecodable output ({exc})")
+            return None, None
+        verdict = compare.check_outputs(outputs, refs, self.cfg.tolerances, flags=self.result.task_flags)
+        self.result.violations += verdict.violations
+        return outputs, (f"wrong result: {label}: {verdict.wrong}" if verdict.wrong else None)
+
+    def verify(self, session: WorkerSession, refs: References) -> bool:
+        cfg = self.cfg
+        phase_start = time.monotonic()
+        session.enter("verify", cfg.timeouts.verify, self.deadline)
+        try:
+            started, _ = session.receive("started", self.result)
+            self.result.isolation.update(started["isolation"])
+            imported, _ = session.receive("imported", self.result)
+            self.result.violations += imported["violations"]
+            self.custom_ops = set(imported.get("custom_ops", []))
+            if self.result.violations:
+                return False
+            session.send({"type": "models", "weight_seed": refs.weight_seed})
+            ready, _ = session.receive("ready", self.result)
+            self.result.violations += ready["violations"]
+            if self.result.violations:
+                return False
+            for trial in refs.trials:
+                session.send(trial.message(refs.structure, refs.meta, refs.mutates_inputs))
+                report, blobs = session.receive("trial_result", self.result)
+                if not self.check_trial(trial, report, blobs):
+                    return False
+            return True
+        finally:
+            self.result.seconds.verify = time.monotonic() - phase_start
+
+    def check_trial(self, trial: TrialReference, report: dict[str, Any], blobs: list[bytes]) -> bool:
+        cfg = self.cfg
+        label = f"trial {trial.index} ({trial.order})"
+        if report.get("input_digest") != trial.input_digest:
+            # The worker could not regenerate the inputs (task depends on environment or global state).
+            self.result.error = f"task inputs are not reproducible in the worker (trial {trial.index})"
+            return False
+        first, second = report["first"], report.get("second") or {}
+        self.result.violations += report.get("tamper", [])
+        self.result.violations += policy.call_violations(
+            first,
+            device=cfg.device,
+            policy=cfg.ops,
+            custom_ops=self.custom_ops,
+            global_kernels=self.global_kernels,
+        )
+        if first.get("profiler_error"):
+            self.result.notes.append(f"profiler unavailable in verify: {first['profiler_error']}")
+        if os.environ.get("CUDA_AGENT_JUDGE_DEBUG") and trial.index == 1:
+            observed = {
+                k: first.get(k) for k in ("ops", "profiler_ops", "ext_calls", "kernels", "current_stream")
+            }
+            self.result.notes.append("debug: trial 1 observations " + json.dumps(observed)[:6000])
+        n = len(trial.outputs)
+        outputs, wrong = self.judge_outputs(first, blobs[:n], trial.outputs, label)
+        if outputs is not None and wrong is None:
+            digest = hashlib.sha256(b"".join(blobs[:n])).hexdigest()
+            earlier = self.output_digests.get(digest)
+            if earlier is not None:
+                self.result.violations.append(
+                    f"caching: trial {trial.index} returned trial {earlier}'s outputs"
+                )
+            self.output_digests[digest] = trial.index
+            if cfg.precision == "strict-fp32" and trial.outputs64 is not None:
+                for i, (out, r32, r64) in enumerate(
+                    zip(outputs, trial.outputs, trial.outputs64, strict=True)
+                ):
+                    problem = compare.precision_violation(out, r32, r64, cfg.tolerances, i)
+                    if problem:
+                        self.result.violations.append(problem)
+        if outputs is not None and wrong is None and second:
+            refill, refill_wrong = self.judge_outputs(
+                second, blobs[n:], trial.refill_outputs, f"{label[:-1]}, inputs refilled in place)"
+            )
+            if refill is not None and refill_wrong is not None:
+                same = all(tensors.bitwise_equal(a, b) for a, b in zip(refill, outputs, strict=True))
+                if same:
+                    self.result.violations.append(
+                        f"caching: trial {trial.index}: outputs not recomputed after the inputs were "
+                        "refilled in place"
+                    )
+                else:
+                    wrong = refill_wrong
+        if wrong:
+            self.result.error = self.result.error or wrong
+            return False
+        return not self.result.violations
+
+    def profile(self, session: WorkerSession, refs: References) -> None:
+        cfg = self.cfg
+        settings = cfg.profile
+        phase_start = time.monotonic()
+        session.enter("profile", cfg.timeouts.profile, self.deadline)
+        session.send(
+            {
+                "type": "profile",
+                "seed": refs.profile_seed,
+                "variant": "task",
+                "compile_mode": cfg.compile_mode,
+                "order_seed": refs.profile_seed & 0xFFFFFFFF,
+                "structure": refs.structure,
+                "meta": refs.meta,
+                "settings": settings.model_dump(),
+            }
+        )
+        try:
+            report, blobs = session.receive("profile_result", self.result)
+        finally:
+            self.result.seconds.profile = time.monotonic() - phase_start
+        self.result.violations += report.get("tamper", [])
+        self.result.notes += report.get("notes", [])
+        _, wrong = self.judge_outputs(report, blobs, refs.profile_outputs, "profile call")
+        if wrong:
+            self.result.error = wrong
+            self.result.correct = False
+            return
+        self.record_timings(report, settings)
+
+    def record_timings(self, report: dict[str, Any], settings: Any) -> None:
+        res = self.result
+        res.timing_method = report["method"]
+        res.profile_trials = self.cfg.profile.trials
+        device, latency = report["device"], report["latency"]
+        for name in ("candidate", "eager", "compile"):
+            if name in device:
+                setattr(res.timings_ms, name, device[name]["median"])
+                setattr(res.cv, name, device[name]["cv"])
+            if name in latency:
+                setattr(res.latency_ms, name, latency[name]["median"])
+        if report.get("compile_seconds") is not None:
+            res.notes.append(f"torch.compile warm-up took {report['compile_seconds']:.1f} s")
+        violations, notes = policy.timing_violations(report, settings)
+        res.violations += violations
+        res.notes += notes
+        cand = res.timings_ms.candidate
+        if cand is None or cand <= 0:
+            res.violations.append("no-custom-kernel: the timed candidate calls did no measurable device work")
+            return
+        if res.timings_ms.eager:
+            res.speedup.eager = res.timings_ms.eager / cand
+        if res.timings_ms.compile:
+            res.speedup.compile = res.timings_ms.compile / cand
+
+    def execute(self) -> JudgeResult:
+        res = self.result
+        judge_hashes = hash_judge_files()
+        res.isolation["judge_dumpable"] = isolation.make_non_dumpable()
+        master = read_master_seed(self.cfg.seed_file)
+        res.seed_id = hashlib.sha256(master).hexdigest()[:12]
+        task = self.load_task()
+        if not self.cfg.candidate.exists():
+            raise UsageError(f"CANDIDATE {self.cfg.candidate} does not exist")
+        try:
+            self.workspace = isolation.make_workspace(self.cfg.candidate)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read CANDIDATE {self.cfg.candidate}: {exc}") from None
+        reference_seconds = 0.0
+        try:
+            # The screen runs before the (device-heavy) references: a candidate it rejects earns -1 in
+            # about a second instead of paying for reference forwards and a worker it would never get.
+            res.violations += self.screen(self.workspace)
+            isolation.seal(self.workspace.candidate)
+            if not res.violations:
+                verify_start = time.monotonic()
+                try:
+                    with contextlib.redirect_stdout(sys.stderr):
+                        refs = compute_references(task, master, self.cfg)
+                except task_lib.TaskError as exc:
+                    raise TaskFailure(str(exc)) from None
+                res.task_flags = refs.flags
+                reference_seconds = time.monotonic() - verify_start
+                self.judge_candidate(refs)
+        except RunStopped:
+            pass
+        finally:
+            if os.environ.get("CUDA_AGENT_JUDGE_KEEP"):
+                res.notes.append(f"work directory kept (CUDA_AGENT_JUDGE_KEEP): {self.workspace.root}")
+            else:
+                self.workspace.cleanup()
+        res.seconds.verify += reference_seconds
+        if hash_judge_files() != judge_hashes:
+            res.violations.append("judge-tampered: the judge's files changed during the run")
+        res.violations = list(dict.fromkeys(res.violations))
+        res.reward = milestone_reward(
+            compiled=res.compiled,
+            correct=res.correct and res.error is None,
+            violations=res.violations,
+            speedup_eager=res.speedup.eager,
+            speedup_compile=res.speedup.compile,
+            margin=self.cfg.margin,
+        )
+        return res
+
+    def judge_candidate(self, refs: References) -> None:
+        toolchain = build.detect_toolchain(self.cfg.device)
+        workspace_exts, inline_exts = self.build_candidate(self.workspace, toolchain)
+        self.global_kernels = sorted({k for e in workspace_exts + inline_exts for k in e.kernels})
+        config = self._worker_config("judge", workspace_exts, inline_exts)
+        # The worker starts inside the lock: importing the candidate may already run device code.
+        with self.device_lock("verify"):
+            session = WorkerSession(self.workspace, config, self.cfg.device)
+            try:
+                if not self.verify(session, refs):
+                    return
+                self.result.correct = True
+                self.profile(session, refs)
+                if self.result.error is None:
+                    session.send({"type": "finish"})
+                    bye, _ = session.receive("bye", self.result)
+                    self.result.violations += bye.get("tamper", [])
+            finally:
+                session.close()
+
+    @contextlib.contextmanager
+    def device_lock(self, phase: str) -> Iterator[None]:
+        """Hold this device's FIFO lock (docs/judge.md, "Device lock") so no other judge's verify or
+        profile runs on it meanwhile; the wait counts against the total deadline only and is reported
+        as `lock_wait_s`. Callers end their worker before leaving the block."""
+        device = f"cuda:{torch.cuda.current_device()}" if self.cfg.device == "cuda" else "cpu"
+        lock = gpu_lock.device_lock(device, self.cache.root / "locks")
+        start = time.monotonic()
+        try:
+            hold = lock.acquire(timeout_s=max(0.0, self.deadline - start))
+        except TimeoutError:
+            self.result.lock_wait_s = time.monotonic() - start
+            self.result.error = (
+                f"timeout after {self.result.lock_wait_s:.0f} s waiting for the device lock "
+                f"({gpu_lock.host_device(device)}) in {phase}"
+            )
+            raise RunStopped() from None
+        self.result.lock_wait_s = hold.wait_s
+        with hold:
+            yield
+
+
+def _validated_spec(spec: Any) -> dict[str, Any]:
+    """Collected specs crossed a process that ran candidate code: check their shape, re-derive the digest."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("units"), list):
+        raise ValueError("malformed extension spec")
+    inline.check_name(spec.get("name"))
+    for key in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags", "include_dirs"):
+        if not isinstance(spec.get(key), list) or not all(isinstance(v, str) for v in spec[key]):
+            raise ValueError(f"extension spec field {key} is not a list of strings")
+    for unit in spec["units"]:
+        if not (
+            isinstance(unit, dict)
+            and unit.get("lang") in ("cxx", "cuda")
+            and isinstance(unit.get("code"), str)
+            and isinstance(unit.get("file"), str)
+        ):
+            raise ValueError("malformed translation unit in extension spec")
+    spec["with_cuda"] = bool(spec.get("with_cuda"))
+    spec["digest"] = inline.spec_digest(spec)
+    return spec
+
+
+def judge(cfg: JudgeConfig) -> JudgeResult:
+    """Judge one candidate; raises UsageError / TaskFailure for problems that are not the candidate's."""
+    return JudgeRun(cfg).execute()

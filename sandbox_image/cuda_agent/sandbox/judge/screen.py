@@ -1,0 +1,560 @@
+"""Static screen of every candidate source before anything is built or run.
+
+Python is screened on its AST (imports, attribute chains, assignments, calls); C, C++ and CUDA with a
+token scan over source whose comments and string contents are removed. A finding is a violation string
+"<code>: <detail> at <file>:<line>". The screen is the first line only: what static analysis cannot see
+(streams, dynamic tricks) is caught at run time by the worker's recorders and the tamper checks.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+# Top-level modules a candidate may import; anything else is `static.import` unless a specific code applies.
+ALLOWED_IMPORTS = frozenset(
+    {
+        "torch", "math", "typing", "typing_extensions", "functools", "itertools", "collections",
+        "dataclasses", "enum", "abc", "numbers", "operator", "__future__", "os", "sys", "pathlib",
+        "time", "re", "string", "textwrap", "cuda_extension",
+    }
+)  # fmt: skip
+IMPORT_CODES: dict[str, str] = {
+    **dict.fromkeys(("threading", "_thread", "concurrent", "asyncio", "queue", "sched"), "static.thread"),
+    **dict.fromkeys(
+        ("subprocess", "multiprocessing", "pty", "signal", "resource", "shlex", "pexpect"), "static.process"
+    ),
+    **dict.fromkeys(
+        (
+            "socket", "ssl", "http", "urllib", "urllib3", "requests", "ftplib", "smtplib", "xmlrpc",
+            "socketserver", "select", "selectors", "asyncore", "telnetlib", "websocket", "zmq",
+        ),
+        "static.socket",
+    ),
+    **dict.fromkeys(("ctypes", "_ctypes", "cffi", "mmap"), "static.ctypes"),
+    **dict.fromkeys(
+        (
+            "gc", "inspect", "importlib", "builtins", "__builtin__", "code", "codeop", "dis", "types",
+            "traceback", "pickle", "marshal", "copyreg", "runpy", "pkgutil", "sysconfig", "site",
+            "tracemalloc", "faulthandler", "atexit", "weakref", "linecache", "ast", "ctypes.util",
+        ),
+        "static.introspection",
+    ),
+    "cuda_agent": "static.judge-access",
+}  # fmt: skip
+# torch sub-modules that are a second compiler or a hook into the dispatcher, not a kernel.
+TORCH_COMPILERS = (
+    "torch.compile",
+    "torch.jit",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch.fx",
+    "torch.export",
+)
+TORCH_HOOKS = ("torch.overrides", "torch.library", "torch.utils._python_dispatch", "torch.utils.hooks")
+
+INTROSPECTION_NAMES = frozenset(
+    {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "breakpoint"}
+)
+DANGEROUS_DUNDERS = frozenset(
+    {
+        "__code__", "__globals__", "__builtins__", "__import__", "__subclasses__", "__bases__", "__mro__",
+        "__dict__", "__closure__", "__loader__", "__spec__", "__reduce__", "__reduce_ex__", "__setattr__",
+        "__delattr__", "__getattribute__", "__func__", "__self__", "__kwdefaults__", "__defaults__",
+    }
+)  # fmt: skip
+FRAME_ATTRS = frozenset(
+    {"f_globals", "f_locals", "f_back", "f_code", "f_builtins", "gi_frame", "cr_frame", "tb_frame", "co_code"}
+)
+SYS_INTROSPECTION = frozenset(
+    {
+        "sys._getframe", "sys.settrace", "sys.setprofile", "sys.gettrace", "sys.getprofile", "sys.meta_path",
+        "sys.path_hooks", "sys.path_importer_cache", "sys._current_frames", "sys.addaudithook",
+        "sys.setrecursionlimit", "sys.call_tracing", "sys.monitoring",
+    }
+)  # fmt: skip
+ENV_NAMES = frozenset({"os.environ", "os.environb", "os.getenv", "os.putenv", "os.unsetenv", "os.getenvb"})
+PROCESS_PREFIXES = ("os.exec", "os.spawn", "os.posix_spawn", "os.wait")
+PROCESS_NAMES = frozenset(
+    {
+        "os.system", "os.popen", "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.setsid", "os.setpgid",
+        "os.setpgrp", "os.abort", "os.pidfd_open", "os.register_at_fork", "os.plock", "os.startfile",
+    }
+)  # fmt: skip
+# Private attributes that are fine to touch: exiting is caught at run time as early-exit.
+PRIVATE_EXEMPT = frozenset({"os._exit"})
+PROTECTED_ROOTS = frozenset({"Model", "get_inputs", "get_init_inputs", "__builtins__"})
+EMBEDDED_CPP_MARKERS = ("__global__", "#include", "PYBIND11", "TORCH_LIBRARY", "<<<")
+JUDGE_PATH_MARKERS = ("/proc/", "/dev/mem", "cuda_agent", "sandbox/judge", "judge-build")
+
+
+@dataclass
+class _Scope:
+    """Names the screened module bound by import: local alias -> dotted origin."""
+
+    aliases: dict[str, str] = field(default_factory=dict)
+    model_like: set[str] = field(default_factory=lambda: {"Model"})
+
+
+def _dotted(node: ast.AST, scope: _Scope) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    root = scope.aliases.get(node.id, node.id)
+    return ".".join([root, *reversed(parts)])
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
+
+
+def _private_component(dotted: str) -> bool:
+    """`torch._C`, `torch.cuda._lazy_init`: a private attribute of a module (lower-case parent)."""
+    parts = dotted.split(".")
+    for parent, part in itertools.pairwise(parts):
+        if part.startswith("_") and not _is_dunder(part) and parent[:1].islower():
+            return True
+    return False
+
+
+class _PythonScreen(ast.NodeVisitor):
+    def __init__(self, filename: str, local_modules: frozenset[str]) -> None:
+        self.filename = filename
+        self.local_modules = local_modules
+        self.scope = _Scope()
+        self.findings: list[str] = []
+        self.embedded_cpp: list[tuple[int, str]] = []
+
+    def _add(self, code: str, detail: str, node: ast.AST) -> None:
+        self.findings.append(f"{code}: {detail} at {self.filename}:{getattr(node, 'lineno', 0)}")
+
+    # -- imports ---------------------------------------------------------------------------------------
+    def _check_module(self, module: str, node: ast.AST) -> None:
+        top = module.split(".")[0]
+        if top in IMPORT_CODES or module in IMPORT_CODES:
+            self._add(
+                IMPORT_CODES.get(module, IMPORT_CODES.get(top, "static.import")), f"imports {module}", node
+            )
+        elif module.startswith(TORCH_COMPILERS):
+            self._add("torch-compute", f"imports {module} (a second compiler, not a custom kernel)", node)
+        elif module.startswith(TORCH_HOOKS):
+            self._add("static.monkeypatch", f"imports {module} (hooks into the dispatcher)", node)
+        elif _private_component(module):
+            self._add("static.introspection", f"imports private module {module}", node)
+        elif top not in ALLOWED_IMPORTS and top not in self.local_modules:
+            self._add("static.import", f"imports {module} (only torch, the extension and basic stdlib)", node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(alias.name, node)
+            if alias.asname:
+                self.scope.aliases[alias.asname] = alias.name
+            else:
+                top = alias.name.split(".")[0]
+                self.scope.aliases[top] = top
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = "." * node.level + (node.module or "")
+        if node.level == 0:
+            self._check_module(module, node)
+        for alias in node.names:
+            full = f"{module}.{alias.name}" if module else alias.name
+            if node.level == 0 and alias.name != "*":
+                self._check_dotted(full, node)
+            local = alias.asname or alias.name
+            self.scope.aliases[local] = full
+            if alias.name == "Model":
+                self.scope.model_like.add(local)
+        self.generic_visit(node)
+
+    # -- names and attribute chains --------------------------------------------------------------------
+    def _check_dotted(self, dotted: str, node: ast.AST) -> None:
+        """Rules apply to the chain and every prefix of it: `os.environ.get` is a use of `os.environ`."""
+        if dotted in PRIVATE_EXEMPT:
+            return
+        parts = dotted.split(".")
+        prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+        if dotted.startswith(TORCH_COMPILERS):
+            self._add("torch-compute", f"uses {dotted} (a second compiler, not a custom kernel)", node)
+        elif dotted.startswith(TORCH_HOOKS):
+            self._add("static.monkeypatch", f"uses {dotted} (hooks into the dispatcher)", node)
+        elif "sys.modules" in prefixes:
+            self._add("static.monkeypatch", "touches sys.modules", node)
+        elif prefixes & SYS_INTROSPECTION:
+            self._add("static.introspection", f"uses {dotted}", node)
+        elif prefixes & ENV_NAMES:
+            self._add("static.introspection", f"reads {dotted}", node)
+        elif prefixes & PROCESS_NAMES or any(p.startswith(PROCESS_PREFIXES) for p in prefixes):
+            self._add("static.process", f"uses {dotted}", node)
+        elif prefixes & {"torch.ops.load_library", "torch.classes.load_library"}:
+            self._add("static.ctypes", f"uses {dotted} (loads native code outside the build)", node)
+        elif ".register_module_" in dotted:
+            self._add("static.monkeypatch", f"uses {dotted} (a global module hook)", node)
+        elif _private_component(dotted):
+            self._add("static.introspection", f"uses private {dotted}", node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        # A chain `a.b.c` is checked once, as a whole and component by component; its root is then
+        # visited like any other expression (a Name, or a call/subscript whose result is dereferenced).
+        root: ast.AST = node
+        while isinstance(root, ast.Attribute):
+            if root.attr in DANGEROUS_DUNDERS or root.attr in FRAME_ATTRS:
+                self._add("static.introspection", f"accesses .{root.attr}", root)
+            root = root.value
+        dotted = _dotted(node, self.scope)
+        if dotted is not None and isinstance(node.ctx, ast.Load):
+            self._check_dotted(dotted, node)
+        self.visit(root)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in DANGEROUS_DUNDERS:
+            self._add("static.introspection", f"uses {node.id}", node)
+        elif isinstance(node.ctx, ast.Load) and node.id in self.scope.aliases:
+            self._check_dotted(self.scope.aliases[node.id], node)
+        elif node.id in INTROSPECTION_NAMES and isinstance(node.ctx, ast.Load):
+            self._add("static.introspection", f"uses {node.id}()", node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str):
+            if any(marker in node.value for marker in JUDGE_PATH_MARKERS):
+                marker = next(m for m in JUDGE_PATH_MARKERS if m in node.value)
+                self._add("static.judge-access", f"string mentions {marker!r}", node)
+            if any(marker in node.value for marker in EMBEDDED_CPP_MARKERS):
+                self.embedded_cpp.append((node.lineno, node.value))
+
+    # -- calls -----------------------------------------------------------------------------------------
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else None
+        if name in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2:
+            target, attr = node.args[0], node.args[1]
+            if not (isinstance(attr, ast.Constant) and isinstance(attr.value, str)):
+                self._add("static.introspection", f"{name}() with a computed attribute name", node)
+            else:
+                base = _dotted(target, self.scope) or ""
+                dotted = f"{base}.{attr.value}" if base else attr.value
+                if attr.value in DANGEROUS_DUNDERS or attr.value in FRAME_ATTRS:
+                    self._add("static.introspection", f"{name}() of {attr.value}", node)
+                elif name in ("setattr", "delattr") and self._protected_root(target):
+                    self._add("static.monkeypatch", f"{name}() on {base or 'a module'}", node)
+                else:
+                    self._check_dotted(dotted, node)
+        elif name == "open" and node.args:
+            path = node.args[0]
+            literal = path.value if isinstance(path, ast.Constant) and isinstance(path.value, str) else None
+            if literal is not None and (literal.startswith(("/", "~")) or ".." in literal.split("/")):
+                self._add("static.introspection", f"opens {literal!r} outside the candidate dir", node)
+        self.generic_visit(node)
+
+    # -- writes ----------------------------------------------------------------------------------------
+    def _protected_root(self, node: ast.AST) -> bool:
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return False
+        return node.id in self.scope.aliases or node.id in PROTECTED_ROOTS or node.id in self.scope.model_like
+
+    def _check_target(self, target: ast.AST, node: ast.AST) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for elt in target.elts:
+                self._check_target(elt, node)
+            return
+        if isinstance(target, ast.Starred):
+            self._check_target(target.value, node)
+            return
+        if isinstance(target, ast.Attribute) and target.attr == "__class__":
+            self._add("static.monkeypatch", "assigns __class__", node)
+        elif isinstance(target, (ast.Attribute, ast.Subscript)) and self._protected_root(target):
+            where = _dotted(target, self.scope) if isinstance(target, ast.Attribute) else None
+            self._add("static.monkeypatch", f"assigns {where or 'into an imported object'}", node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._check_target(target, node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._check_target(node.target, node)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._check_target(node.target, node)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        for target in node.targets:
+            self._check_target(target, node)
+        self.generic_visit(node)
+
+    # -- control flow and classes ----------------------------------------------------------------------
+    def visit_Try(self, node: ast.Try) -> None:
+        self._add("static.try-except", "try statement (fallback paths are not allowed)", node)
+        self.generic_visit(node)
+
+    def visit_TryStar(self, node: ast.TryStar) -> None:
+        self._add("static.try-except", "try statement (fallback paths are not allowed)", node)
+        self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for base in node.bases:
+            dotted = _dotted(base, self.scope) or ""
+            if (
+                dotted == "Model"
+                or dotted.endswith(".Model")
+                or dotted.split(".")[0] in self.scope.model_like
+            ):
+                self._add("static.inherits-model", f"class {node.name} derives from the task's Model", node)
+                self.scope.model_like.add(node.name)
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in (
+                "__exit__",
+                "__aexit__",
+            ):
+                self._add("static.try-except", f"{node.name}.{item.name} can swallow exceptions", item)
+        self.generic_visit(node)
+
+
+def screen_python(source: str, filename: str, local_modules: Iterable[str] = ()) -> list[str]:
+    """Violations in one Python file (a file that does not parse has none: its import fails later)."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError:
+        return []
+    screen = _PythonScreen(filename, frozenset(local_modules))
+    screen.visit(tree)
+    for lineno, text in screen.embedded_cpp:
+        screen.findings.extend(screen_cpp(text, f"{filename}:{lineno} (embedded source)"))
+    return list(dict.fromkeys(screen.findings))
+
+
+# --- C, C++ and CUDA -------------------------------------------------------------------------------------
+
+
+def strip_cpp(source: str) -> tuple[str, list[tuple[int, str]]]:
+    """(code with comments and string/char contents blanked, [(line, string literal)]); lines are kept."""
+    out: list[str] = []
+    strings: list[tuple[int, str]] = []
+    i, n, line = 0, len(source), 1
+    while i < n:
+        c = source[i]
+        if source.startswith("//", i):
+            j = source.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if source.startswith("/*", i):
+            j = source.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            newlines = source.count("\n", i, j)
+            out.append("\n" * newlines)
+            line += newlines
+            i = j
+            continue
+        raw = re.match(r'R"([^()\\ ]{0,16})\(', source[i : i + 20])
+        if raw:
+            end_marker = ")" + raw.group(1) + '"'
+            j = source.find(end_marker, i + raw.end())
+            j = n if j < 0 else j + len(end_marker)
+            text = source[i + raw.end() : max(i + raw.end(), j - len(end_marker))]
+            strings.append((line, text))
+            newlines = source.count("\n", i, j)
+            out.append('""' + "\n" * newlines)
+            line += newlines
+            i = j
+            continue
+        if c in "\"'":
+            j = i + 1
+            while j < n and source[j] != c and source[j] != "\n":
+                j += 2 if source[j] == "\\" else 1
+            if c == '"':
+                strings.append((line, source[i + 1 : j]))
+            out.append(c + c)
+            i = j + 1
+            continue
+        if c == "\n":
+            line += 1
+        out.append(c)
+        i += 1
+    return "".join(out), strings
+
+
+# A call of the global/std function, not a member or another namespace's function of the same name.
+_ANY_CALL = r"(?:\bstd\s*::\s*|(?<![\w.>:])::\s*|(?<![\w.>:]))"
+_GLOBAL_CALL = r"(?:(?<![\w.>:])::\s*|(?<![\w.>:]))"
+CPP_RULES: list[tuple[str, re.Pattern[str]]] = [
+    (
+        "threads",
+        re.compile(
+            r"\bstd\s*::\s*(?:thread|jthread|async)\b|\bpthread_create\b|#\s*pragma\s+omp\b|\bomp_set_num_threads\b"
+        ),
+    ),
+    (
+        "process control",
+        re.compile(
+            _ANY_CALL + r"(?:fork|vfork|system|popen|execl|execlp|execle|execv|execvp|execvpe|execve|fexecve"
+            r"|posix_spawnp?|kill|setsid|daemon|raise)\s*\("
+        ),
+    ),
+    (
+        "sockets",
+        re.compile(
+            _GLOBAL_CALL + r"(?:socket|connect|bind|listen|accept|getaddrinfo|gethostbyname|socketpair)\s*\("
+        ),
+    ),
+    ("dynamic loading", re.compile(r"\b(?:dlopen|dlsym|dlmopen|dlvsym)\b")),
+    ("ptrace / foreign memory", re.compile(r"\b(?:ptrace|process_vm_readv|process_vm_writev)\b")),
+    (
+        "raw system calls",
+        re.compile(
+            _GLOBAL_CALL + r"(?:syscall|mprotect|memfd_create|prctl|seccomp|setrlimit|chmod|unlink)\s*\("
+        ),
+    ),
+    ("environment access", re.compile(r"\b(?:getenv|setenv|putenv|unsetenv|secure_getenv)\b|\benviron\b")),
+    (
+        "embedded Python",
+        re.compile(
+            r"\bPyRun_\w+|\bPyImport_\w+|\bPyEval_(?!SaveThread|RestoreThread)\w+|\bPySys_\w+|\bPyObject_SetAttr\w*"
+            r"|\b(?:py|pybind11)\s*::\s*(?:exec|eval|eval_file|globals)\b"
+            r"|\b(?:py|pybind11)\s*::\s*module_?\s*::\s*import\b"
+        ),
+    ),
+    (
+        "dispatcher bypass",
+        re.compile(
+            r"\bat\s*::\s*native\s*::|\bat\s*::\s*cpu\s*::|\bat\s*::\s*redispatch\s*::|::\s*redispatch\b"
+            r"|\b(?:ExcludeDispatchKeyGuard|IncludeDispatchKeyGuard|AutoDispatchBelowAutograd"
+            r"|AutoDispatchBelowADInplaceOrView|AutoDispatchSkipFunctionalize|_force_tls_local_dispatch_key_set"
+            r"|tls_set_dispatch_key_excluded|tls_set_dispatch_key_included|LocalDispatchKeySet)\b"
+        ),
+    ),
+    (
+        "profiler/record-function tampering",
+        re.compile(r"\b(?:DisableRecordFunctionGuard|RecordFunctionGuard|clearCallbacks|removeCallback)\b"),
+    ),
+    (
+        "global precision switches",
+        re.compile(
+            r"\bsetAllowTF32\w*|\bsetFloat32MatmulPrecision\b|\bsetAllow\w*Reduction\w*|\bglobalContext\s*\(\s*\)\s*\.\s*set"
+        ),
+    ),
+    ("binary inclusion", re.compile(r"\.incbin\b|#\s*embed\b")),
+]
+FORBIDDEN_SYSTEM_HEADERS = re.compile(
+    r"^(?:thread|future|pthread\.h|omp\.h|sys/socket\.h|netinet/.*|arpa/inet\.h|netdb\.h|dlfcn\.h|sys/ptrace\.h"
+    r"|spawn\.h|sys/syscall\.h|sys/prctl\.h|sys/mman\.h|linux/.*|seccomp\.h)$"
+)
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]*)[>"]', re.MULTILINE)
+
+
+def screen_cpp(source: str, filename: str) -> list[str]:
+    """Violations in one C/C++/CUDA source (comments and string contents do not count)."""
+    code, strings = strip_cpp(source)
+    findings: list[str] = []
+
+    def line_of(pos: int) -> int:
+        return code.count("\n", 0, pos) + 1
+
+    for what, rule in CPP_RULES:
+        for match in rule.finditer(code):
+            findings.append(
+                f"static.cpp: {what} ({match.group(0).strip()}) at {filename}:{line_of(match.start())}"
+            )
+    uncommented, _ = strip_cpp(source.replace('"', "\x00"))
+    for match in INCLUDE.finditer(uncommented.replace("\x00", '"')):
+        kind, path = match.group(1), match.group(2)
+        lineno = line_of(match.start())
+        if path.startswith("/") or ".." in path.split("/"):
+            findings.append(
+                f"static.judge-access: #include {path!r} outside the candidate dir at {filename}:{lineno}"
+            )
+        elif kind == "<" and FORBIDDEN_SYSTEM_HEADERS.match(path):
+            findings.append(f"static.cpp: forbidden header <{path}> at {filename}:{lineno}")
+    for lineno, text in strings:
+        if "/proc/" in text or "/dev/mem" in text:
+            findings.append(f"static.cpp: string {text[:40]!r} reaches /proc at {filename}:{lineno}")
+        elif any(marker in text for marker in JUDGE_PATH_MARKERS):
+            findings.append(
+                f"static.judge-access: string {text[:40]!r} names judge files at {filename}:{lineno}"
+            )
+    return list(dict.fromkeys(findings))
+
+
+GLOBAL_KERNEL = re.compile(
+    r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:static\s+|inline\s+|__forceinline__\s+)*"
+    r"(?:void)\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\("
+)
+
+
+def global_kernels(sources: Iterable[str]) -> list[str]:
+    """Names of the `__global__` functions in CUDA sources: the kernels whose launches count as evidence."""
+    names: list[str] = []
+    for source in sources:
+        code, _ = strip_cpp(source)
+        names.extend(m.group(1) for m in GLOBAL_KERNEL.finditer(code))
+    return sorted(set(names))
+
+
+# --- compiler flags ----------------------------------------------------------------------------------------
+
+_GCC_DENIED_F = re.compile(
+    r"^-f(?:no-)?(?:plugin|openmp|openacc|profile|dump|auto-profile|sanitize|tree-parallelize|record-gcc"
+    r"|save-temps|instrument|exec-charset|input-charset|debug-prefix|file-prefix|macro-prefix)"
+)
+_GCC_ALLOWED = re.compile(
+    r"^(?:-O[0-3sgz]?|-Ofast|-g[0-3]?|-std=(?:c|gnu)\+\+(?:1[147]|2[03b]|2a)|-D[A-Za-z_]\w*(?:=[\w.+-]*)?"
+    r"|-U[A-Za-z_]\w*|-W(?!l,|a,|p,)[\w=+-]+|-w|-f[\w=+-]+|-m[\w=.+-]+|-DNDEBUG)$"
+)
+_NVCC_ALLOWED = re.compile(
+    r"^(?:-O[0-3]|-lineinfo|-g|-G|--?use_fast_math|--ftz=(?:true|false)|--prec-div=(?:true|false)"
+    r"|--prec-sqrt=(?:true|false)|--fmad=(?:true|false)|-maxrregcount=?\d+|--maxrregcount=?\d+"
+    r"|--expt-relaxed-constexpr|--expt-extended-lambda|--extended-lambda|-std=c\+\+(?:1[47]|20)"
+    r"|-D[A-Za-z_]\w*(?:=[\w.+-]*)?|-U[A-Za-z_]\w*|-w|-Wno-deprecated-gpu-targets|--resource-usage|-res-usage"
+    r"|--diag-suppress=[\w,]+|-Xptxas=[-\w=,.]+|--ptxas-options=[-\w=,.]+|-arch=(?:sm|compute)_\d+a?"
+    r"|--gpu-architecture=(?:sm|compute)_\d+a?|-gencode=arch=compute_\d+a?,code=(?:sm|compute)_\d+a?"
+    r"|--generate-code=arch=compute_\d+a?,code=(?:sm|compute)_\d+a?|--threads=?\d+|-t\d+|--default-stream=per-thread)$"
+)
+_PTXAS_VALUE = re.compile(r"^[-\w=,.]+$")
+_LDFLAGS_ALLOWED = re.compile(r"^-l(?:cublas|cublasLt|curand|cufft|cusparse|cusolver|cudnn|cuda|m)$")
+
+
+def screen_flags(kind: str, flags: Sequence[str], where: str) -> list[str]:
+    """Compiler/linker flags a candidate passes to load_inline: only code-generation flags are allowed
+    (never -fplugin, -B, -ccbin, -include, response files or linker scripts: they run or read arbitrary
+    files in the trusted build)."""
+    findings: list[str] = []
+    items = [f.strip() for f in flags if f.strip()]
+    i = 0
+    while i < len(items):
+        flag = items[i]
+        ok = False
+        if kind == "cxx":
+            ok = bool(_GCC_ALLOWED.match(flag)) and not _GCC_DENIED_F.match(flag)
+        elif kind == "cuda":
+            if flag in ("-Xcompiler", "-Xptxas") and i + 1 < len(items):
+                value = items[i + 1]
+                inner = value.split(",") if flag == "-Xcompiler" else [value]
+                ok = all(
+                    (_GCC_ALLOWED.match(v) and not _GCC_DENIED_F.match(v))
+                    if flag == "-Xcompiler"
+                    else _PTXAS_VALUE.match(v)
+                    for v in inner
+                )
+                i += 1
+                flag = f"{flag} {value}"
+            elif flag.startswith("-Xcompiler="):
+                inner = flag.split("=", 1)[1].split(",")
+                ok = all(_GCC_ALLOWED.match(v) and not _GCC_DENIED_F.match(v) for v in inner)
+            else:
+                ok = bool(_NVCC_ALLOWED.match(flag))
+        elif kind == "ld":
+            ok = bool(_LDFLAGS_ALLOWED.match(flag))
+        if not ok:
+            findings.append(f"static.cpp: {kind} flag {flag!r} is not allowed in {where}")
+        i += 1
+    return findings

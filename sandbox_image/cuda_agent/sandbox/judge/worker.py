@@ -1,0 +1,421 @@
+"""The worker: a fresh, isolated process that imports and runs the candidate (started by the orchestrator).
+
+Started as `python -I -c BOOT <judge root> <read fd> <write fd>` with a scrubbed environment, its cwd the
+sealed candidate copy and stdout/stderr already pointing at a log file. Before any candidate code runs it
+reads the channel key, confines itself (Landlock, no core dumps), binds the judge functions it uses and
+fingerprints everything a candidate could patch. It receives each trial's seed only when the trial
+starts, regenerates the inputs, runs the candidate under the recorders and sends raw outputs and
+observations back; it never sees a reference output and never decides the reward.
+Modes: "collect" (build phase: record load_inline sources) and "judge" (verify + profile).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+import traceback
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch._dynamo
+
+from cuda_agent.sandbox.judge import channel, inline, isolation, recorder, tamper, tensors, timing
+from cuda_agent.sandbox.judge import task as task_lib
+
+# Bound before candidate code exists in this process: the judge keeps using these even if patched.
+_clone = torch.Tensor.clone
+_copy = torch.Tensor.copy_
+_no_grad = torch.no_grad
+_bitwise_equal = tensors.bitwise_equal
+_monotonic = time.monotonic
+
+BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from cuda_agent.sandbox.judge.worker import main; sys.exit(main(sys.argv[2:]))"
+)
+
+
+class CandidateFailure(Exception):
+    """Candidate code raised (or asked to exit); the message is reported, the worker stops."""
+
+    def __init__(self, message: str, *, early_exit: bool = False) -> None:
+        super().__init__(message)
+        self.early_exit = early_exit
+
+
+def guarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call candidate code; anything it raises, SystemExit included, becomes a CandidateFailure."""
+    try:
+        return fn(*args)
+    except SystemExit as exc:
+        raise CandidateFailure(
+            f"early-exit: candidate called exit({exc.code}) in {what}", early_exit=True
+        ) from None
+    except BaseException as exc:
+        text = f"{type(exc).__name__}: {exc}".strip()
+        raise CandidateFailure(f"{what} raised {text[:2000]}") from None
+
+
+class Worker:
+    def __init__(self, endpoint: channel.Endpoint, config: dict[str, Any]) -> None:
+        self.ep = endpoint
+        self.config = config
+        self.device: str = config["device"]
+        self.home = Path(config["home"])
+        self.candidate_dir = Path(config["candidate_dir"])
+        self.registry: recorder.ExtensionRegistry | None = None
+        self.task: types.ModuleType | None = None
+        self.fingerprints: tamper.Fingerprints | None = None
+        self.model: torch.nn.Module | None = None
+        self.model_new: torch.nn.Module | None = None
+        self.model_new_cls: type | None = None
+
+    # -- start-up -------------------------------------------------------------------------------------------
+    def isolate(self) -> dict[str, str]:
+        isolation.no_core_dumps()
+        report = {"worker_dumpable": isolation.make_non_dumpable()}
+        if self.device == "cuda":
+            torch.empty(1, device="cuda")  # open the device nodes before the filesystem is confined
+        report["landlock"] = isolation.confine_writes([self.home], [Path("/dev")])
+        os.chdir(self.candidate_dir)
+        sys.path.append(str(self.candidate_dir))
+        return report
+
+    def import_candidate(self) -> types.ModuleType:
+        path = self.candidate_dir / "model_new.py"
+        spec = importlib.util.spec_from_file_location("model_new", path)
+        if spec is None or spec.loader is None:
+            raise CandidateFailure(f"cannot load {path.name}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model_new"] = module
+        guarded("import of model_new.py", spec.loader.exec_module, module)
+        return module
+
+    def collect(self) -> None:
+        records: list[dict[str, Any]] = []
+        inline.install_collector(records)
+        # `import cuda_extension` must not stop the import before later load_inline calls.
+        sys.modules.setdefault("cuda_extension", inline.placeholder_module("cuda_extension"))
+        error = None
+        try:
+            module = self.import_candidate()
+            # Some candidates call load_inline in ModelNew.__init__: construct one to collect those too.
+            cls = getattr(module, "ModelNew", None)
+            if isinstance(cls, type):
+                task = task_lib.load_task(self.config["task_source"], self.config["task_path"])
+                guarded("ModelNew construction", task_lib.build_model, task, cls, 0, self.device)
+        except CandidateFailure as exc:
+            error = str(exc)
+        self.ep.send({"type": "collected", "specs": records, "import_error": error})
+
+    def load(self) -> None:
+        cfg = self.config
+        self.task = task_lib.load_task(cfg["task_source"], cfg["task_path"])
+        task_lib.apply_precision(cfg["precision"])
+        if self.device == "cpu":
+            torch.set_num_threads(1)
+        self.registry = recorder.ExtensionRegistry()
+        ext_dir = self.home / "ext"
+        for ext in cfg["workspace_extensions"]:
+            guarded(
+                f"loading {ext['name']}",
+                inline.load_extension,
+                ext["name"],
+                Path(ext["path"]),
+                ext["sha256"],
+                ext_dir,
+                self.registry.add_module,
+            )
+        inline.install_loader(cfg["inline_artifacts"], ext_dir, self.registry.add_module)
+        self.fingerprints = tamper.Fingerprints(self.task)
+        module = self.import_candidate()
+        cls = getattr(module, "ModelNew", None)
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise CandidateFailure("model_new.py defines no ModelNew(nn.Module) class")
+        self.model_new_cls = cls
+        self.registry.refresh_custom_ops()
+        violations = self.inheritance_violations(cls) + self.fingerprints.changes()
+        self.ep.send(
+            {
+                "type": "imported",
+                "violations": violations,
+                "ext_functions": sorted(self.registry.functions.values()),
+                "custom_ops": sorted(self.registry.custom_ops),
+            }
+        )
+
+    def inheritance_violations(self, cls: type) -> list[str]:
+        assert self.task is not None
+        task_model = self.task.Model
+        task_code = getattr(task_model.forward, "__code__", None)
+        for base in cls.__mro__[1:]:
+            if base.__module__.startswith("torch") or base is object:
+                continue
+            forward_code = getattr(base.__dict__.get("forward"), "__code__", None)
+            same_code = (
+                task_code is not None
+                and forward_code is not None
+                and forward_code.co_code == task_code.co_code
+            )
+            if base is task_model or base.__name__ == "Model" or same_code:
+                return [f"static.inherits-model: ModelNew derives from {base.__module__}.{base.__qualname__}"]
+        return []
+
+    def build_models(self, weight_seed: int) -> None:
+        assert self.task is not None and self.model_new_cls is not None and self.fingerprints is not None
+        self.model = task_lib.build_model(self.task, self.task.Model, weight_seed, self.device)
+        cls = self.model_new_cls
+        self.model_new = guarded(
+            "ModelNew construction", task_lib.build_model, self.task, cls, weight_seed, self.device
+        )
+        self.ep.send({"type": "ready", "violations": self.fingerprints.changes()})
+
+    # -- verify ---------------------------------------------------------------------------------------------
+    def check_outputs(
+        self,
+        output: Any,
+        meta: list[dict[str, Any]],
+        structure: Any,
+        inputs: list[Any],
+        violations: list[str],
+    ) -> list[torch.Tensor] | None:
+        try:
+            got_structure, leaves = tensors.flatten(output)
+        except tensors.OutputTypeError as exc:
+            violations.append(f"output-type: {exc} (must be exactly torch.Tensor)")
+            return None
+        if got_structure != structure:
+            violations.append(f"output-structure: got {got_structure}, expected {structure}")
+            return None
+        input_spans = [tensors.storage_span(x) for x in inputs if type(x) is torch.Tensor]
+        for i, (leaf, want) in enumerate(zip(leaves, meta, strict=True)):
+            have = tensors.tensor_meta(leaf)
+            for key, code in (
+                ("device", "output-device"),
+                ("dtype", "output-dtype"),
+                ("shape", "output-shape"),
+            ):
+                if have[key] != want[key]:
+                    violations.append(f"{code}: output[{i}] has {key} {have[key]}, expected {want[key]}")
+            span = tensors.storage_span(leaf)
+            if any(tensors.spans_overlap(span, s) for s in input_spans):
+                violations.append(f"output-aliases-input: output[{i}] shares memory with an input")
+        return leaves
+
+    def one_call(
+        self, inputs: list[Any], msg: dict[str, Any], label: str, observe: bool
+    ) -> tuple[dict[str, Any], list[bytes]]:
+        """One candidate call with poisoned memory and all output/input checks; raw outputs as blobs."""
+        assert self.model_new is not None and self.registry is not None
+        meta, structure = msg["meta"], msg["structure"]
+        tensor_inputs = [x for x in inputs if type(x) is torch.Tensor]
+        recorder.poison_free_memory(self.device, [*msg["output_bytes"], *(x.nbytes for x in tensor_inputs)])
+        before = [_clone(x) for x in tensor_inputs]
+        violations: list[str] = []
+        early: list[torch.Tensor] = []
+        leaves_box: list[list[torch.Tensor] | None] = [None]
+
+        def after(output: Any) -> None:
+            leaves = self.check_outputs(output, meta, structure, inputs, violations)
+            leaves_box[0] = leaves
+            if leaves is not None and self.device == "cuda":
+                torch.cuda.current_stream().synchronize()
+                early.extend(_clone(t) for t in leaves)
+
+        report: dict[str, Any] = {"label": label}
+        with _no_grad():
+            if observe:
+                record = guarded(
+                    f"ModelNew.forward ({label})",
+                    recorder.observed_call,
+                    self.model_new,
+                    inputs,
+                    self.registry,
+                    self.device,
+                    after,
+                )
+                report.update(
+                    ops=record.ops,
+                    profiler_ops=record.profiler_ops,
+                    ext_calls=record.ext_calls,
+                    kernels=record.kernels,
+                    current_stream=record.current_stream,
+                    profiler_error=record.profiler_error,
+                    balanced=record.balanced,
+                )
+            else:
+                output = guarded(f"ModelNew.forward ({label})", self.model_new, *inputs)
+                after(output)
+                if self.device == "cuda":
+                    torch.cuda.synchronize()
+        leaves = leaves_box[0]
+        if (
+            early
+            and leaves is not None
+            and not all(_bitwise_equal(a, b) for a, b in zip(early, leaves, strict=True))
+        ):
+            violations.append(
+                "side-stream: outputs changed after a full device synchronisation "
+                "(work not ordered on the current stream)"
+            )
+        if not msg.get("task_mutates_inputs") and not all(
+            _bitwise_equal(a, b) for a, b in zip(before, tensor_inputs, strict=True)
+        ):
+            violations.append("input-mutated: an input tensor changed during ModelNew.forward")
+        report["violations"] = violations
+        if leaves is None or violations:
+            return report, []
+        report["outputs"] = [tensors.tensor_meta(t) for t in leaves]
+        return report, [tensors.to_bytes(t) for t in leaves]
+
+    def trial(self, msg: dict[str, Any]) -> None:
+        assert self.task is not None and self.model is not None and self.fingerprints is not None
+        inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
+        digest = task_lib.input_digest(inputs)
+        if msg["order"] == "model-first":
+            with _no_grad():
+                scratch = self.model(*[_clone(x) if type(x) is torch.Tensor else x for x in inputs])
+            del scratch
+        first, blobs = self.one_call(inputs, msg, "fresh inputs", observe=True)
+        second: dict[str, Any] = {}
+        if not first["violations"] and blobs:
+            # Same buffers, new values: a candidate that caches by pointer or shape returns stale outputs.
+            fresh = task_lib.make_inputs(self.task, int(msg["refill_seed"]), msg["refill_variant"], "cpu")
+            for x, new in zip(inputs, fresh, strict=True):
+                if type(x) is torch.Tensor:
+                    _copy(x, new)
+            second, refill_blobs = self.one_call(inputs, msg, "inputs refilled in place", observe=False)
+            blobs = blobs + refill_blobs
+        tampering = self.fingerprints.changes()
+        self.ep.send(
+            {
+                "type": "trial_result",
+                "index": msg["index"],
+                "input_digest": digest,
+                "first": first,
+                "second": second,
+                "tamper": tampering,
+            },
+            blobs,
+        )
+
+    # -- profile --------------------------------------------------------------------------------------------
+    def profile(self, msg: dict[str, Any]) -> None:
+        assert self.task is not None and self.model is not None and self.model_new is not None
+        assert self.fingerprints is not None
+        settings = msg["settings"]
+        inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
+        model_new = self.model_new
+
+        def candidate(*args: Any) -> Any:
+            return guarded("ModelNew.forward (profile)", model_new, *args)
+
+        fns: dict[str, Callable[..., Any]] = {"candidate": candidate, "eager": self.model}
+        notes: list[str] = []
+        compile_seconds = None
+        with _no_grad():
+            for _ in range(settings["warmup"]):
+                candidate(*inputs)
+                self.model(*inputs)
+            pre_compile_tampering = self.fingerprints.changes()
+            if msg["compile_mode"] != "none":
+                start = _monotonic()
+                try:
+                    compiled = torch.compile(self.model, mode=msg["compile_mode"])
+                    for _ in range(settings["warmup"]):
+                        compiled(*inputs)
+                    fns["compile"] = compiled
+                    compile_seconds = _monotonic() - start
+                except Exception as exc:  # inductor unusable here: no compile timing, never a crash
+                    notes.append(f"torch.compile unavailable: {type(exc).__name__}: {str(exc)[:300]}")
+                # torch.compile patches nn.Module itself; only candidate code runs after this point.
+                self.fingerprints.rebaseline()
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+                seed = int(msg["order_seed"])
+                result: dict[str, Any] = {
+                    "method": "cuda-profiler-device-time",
+                    "device": timing.cuda_device_times(
+                        fns, inputs, settings["trials"], settings["l2_flush_bytes"], seed
+                    ),
+                    "latency": timing.cuda_event_latency(
+                        fns, inputs, settings["trials"], settings["l2_flush_bytes"], seed
+                    ),
+                    "host": timing.host_per_call_ms(
+                        {k: fns[k] for k in ("candidate", "eager")},
+                        inputs,
+                        settings["host_calls"],
+                        settings["host_rounds"],
+                    ),
+                }
+            else:
+                wall = timing.cpu_wall_times(
+                    fns, inputs, settings["trials"], settings["cpu_thrash_bytes"], int(msg["order_seed"])
+                )
+                result = {"method": "cpu-wall-clock", "device": wall, "latency": wall, "host": {}}
+            # Fresh inputs for the final check: the timed calls may legitimately have mutated the shared ones.
+            inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
+            final = candidate(*inputs)
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+        violations: list[str] = []
+        leaves = self.check_outputs(final, msg["meta"], msg["structure"], inputs, violations)
+        blobs = [tensors.to_bytes(t) for t in leaves] if leaves is not None and not violations else []
+        result.update(
+            type="profile_result",
+            notes=notes,
+            compile_seconds=compile_seconds,
+            violations=violations,
+            outputs=[tensors.tensor_meta(t) for t in leaves] if blobs and leaves else [],
+            tamper=pre_compile_tampering + self.fingerprints.changes(),
+        )
+        self.ep.send(result, blobs)
+
+    # -- command loop ---------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        self.load()
+        while True:
+            msg, _ = self.ep.receive()
+            kind = msg.get("type")
+            if kind == "models":
+                self.build_models(int(msg["weight_seed"]))
+            elif kind == "trial":
+                self.trial(msg)
+            elif kind == "profile":
+                self.profile(msg)
+            elif kind == "finish":
+                assert self.fingerprints is not None
+                self.ep.send({"type": "bye", "tamper": self.fingerprints.changes()})
+                return
+            else:
+                return
+
+
+def main(argv: list[str]) -> int:
+    read_fd, write_fd = int(argv[0]), int(argv[1])
+    key = channel.receive_key(read_fd, deadline=_monotonic() + 120)
+    endpoint = channel.Endpoint(key, read_fd, write_fd, is_worker=True)
+    try:
+        config, _ = endpoint.receive(deadline=_monotonic() + 120)
+        worker = Worker(endpoint, config)
+        endpoint.send({"type": "started", "isolation": worker.isolate()})
+        if config["mode"] == "collect":
+            worker.collect()
+        else:
+            worker.serve()
+    except CandidateFailure as exc:
+        endpoint.send({"type": "candidate_error", "error": str(exc), "early_exit": exc.early_exit})
+    except channel.ChannelForged as exc:
+        endpoint.send({"type": "forged", "error": str(exc)})
+    except (channel.ChannelClosed, BrokenPipeError):
+        return 0
+    except task_lib.TaskError as exc:
+        endpoint.send({"type": "task_error", "error": str(exc)})
+    except BaseException as exc:
+        endpoint.send({"type": "judge_error", "error": "".join(traceback.format_exception(exc))[-4000:]})
+    return 0

@@ -1,0 +1,505 @@
+"""The sandbox server's HTTP API (aiohttp): sessions, tools, judging, status, metrics, OpenAPI.
+
+Routes are declared once in ROUTES with their request and response models; the same table validates
+bodies, renders responses and generates /openapi.json. Handlers never let an exception reach aiohttp:
+bad input is 400/422 naming the field, an unknown session 404, anything unexpected 500 with the server
+still serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
+
+from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.isolation import Isolation
+from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
+from cuda_agent.sandbox.server.metrics import Metrics
+from cuda_agent.sandbox.server.models import (
+    CreateSessionRequest,
+    DeleteSessionResponse,
+    ErrorResponse,
+    EvaluateRequest,
+    GpuStatus,
+    JudgeResult,
+    JudgeRun,
+    ServerStatus,
+    SessionInfo,
+    SessionJudgeRequest,
+    SessionList,
+    TaskRef,
+    ToolList,
+    ToolSpec,
+)
+from cuda_agent.sandbox.server.sessions import CapacityError, SessionManager, UnknownSessionError
+from cuda_agent.sandbox.server.tools import TOOLS, Tool
+from cuda_agent.sandbox.server.workspace_fs import ToolError
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 32 << 20
+BUSY_WINDOW_S = 60.0
+Handler = Callable[["SandboxServer", web.Request, Any], Awaitable[BaseModel | web.StreamResponse]]
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    summary: str
+    handler: Handler
+    request: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    status: int = 200
+    content_type: str = "application/json"
+
+
+def _package_version() -> str:
+    try:
+        return version("cuda-agent")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class SandboxServer:
+    """Holds the server's parts; the aiohttp app's handlers are its methods via ROUTES."""
+
+    def __init__(self, config: SandboxServerConfig, isolation: Isolation, gpus: int) -> None:
+        self.config = config
+        self.isolation = isolation
+        self.gpus = gpus
+        self.metrics = Metrics()
+        self.judge = JudgeService(config, isolation, self.metrics, gpus)
+        self.sessions = SessionManager(config, isolation, self.judge, self.metrics, gpus)
+        self.started = time.monotonic()
+        self.version = _package_version()
+        self._busy_samples: list[deque[tuple[float, float]]] = [deque() for _ in range(gpus)]
+        self._register_gauges()
+
+    # ------------------------------------------------------------------ status
+
+    def _lock_states(self) -> list[Any]:
+        return [lock.read() for lock in self.judge.gpu_locks]
+
+    def _busy_fractions(self, states: list[Any]) -> list[float]:
+        """Share of the last minute each GPU's lock was held, from (time, busy-seconds) samples."""
+        now = time.time()
+        fractions = []
+        for samples, state in zip(self._busy_samples, states, strict=True):
+            busy = state.busy_total_s + (now - state.held_since if state.held_since else 0.0)
+            samples.append((now, busy))
+            while len(samples) > 2 and samples[1][0] < now - BUSY_WINDOW_S:
+                samples.popleft()
+            t0, b0 = samples[0]
+            fractions.append(
+                min(1.0, (busy - b0) / (now - t0)) if now - t0 > 1e-3 else (1.0 if state.holder else 0.0)
+            )
+        return fractions
+
+    async def sample_busy(self) -> None:
+        await asyncio.to_thread(self.status)
+
+    def status(self) -> ServerStatus:
+        states = self._lock_states()
+        fractions = self._busy_fractions(states)
+        per_gpu_sessions = [0] * self.gpus
+        for s in self.sessions.sessions.values():
+            if s.gpu is not None:
+                per_gpu_sessions[s.gpu] += 1
+        gpus = [
+            GpuStatus(
+                index=i,
+                sessions=per_gpu_sessions[i],
+                busy_fraction=fractions[i],
+                lock_queue=st.queued,
+                lock_held=st.holder is not None,
+                lock_wait_total_s=st.wait_total_s,
+            )
+            for i, st in enumerate(states)
+        ]
+        m = self.metrics
+        return ServerStatus(
+            version=self.version,
+            isolation="root" if self.isolation.is_root else "restricted",
+            uptime_s=time.monotonic() - self.started,
+            active_sessions=len(self.sessions.sessions),
+            max_sessions=self.config.max_sessions,
+            queued_judge_jobs=self.judge.waiting_for_slot + sum(st.queued for st in states),
+            running_judge_jobs=self.judge.running,
+            gpu_busy_fraction=sum(fractions) / len(fractions) if fractions else 0.0,
+            gpus=gpus,
+            build_cache_hits=int(m.counter_value("build_cache_hits_total")),
+            build_cache_misses=int(m.counter_value("build_cache_misses_total")),
+            judge_runs_total=int(sum(m.counters.get("judge_runs_total", {}).values())),
+            judge_intact=self.judge.intact,
+        )
+
+    def _register_gauges(self) -> None:
+        m = self.metrics
+        m.gauge("active_sessions", "sessions open now", lambda: [({}, len(self.sessions.sessions))])
+        m.gauge("max_sessions", "session capacity", lambda: [({}, self.config.max_sessions)])
+        m.gauge("running_judge_jobs", "judge processes running", lambda: [({}, self.judge.running)])
+        m.gauge(
+            "judge_intact",
+            "1 while the judge files match their startup hashes",
+            lambda: [({}, 1.0 if self.judge.intact else 0.0)],
+        )
+
+    def render_metrics(self) -> str:
+        st = self.status()
+        extra = [
+            "# HELP cuda_agent_sandbox_queued_judge_jobs judge runs waiting for a judge slot or a GPU lock",
+            "# TYPE cuda_agent_sandbox_queued_judge_jobs gauge",
+            f"cuda_agent_sandbox_queued_judge_jobs {st.queued_judge_jobs}",
+            "# HELP cuda_agent_sandbox_gpu_busy_fraction share of the last minute the GPU lock was held",
+            "# TYPE cuda_agent_sandbox_gpu_busy_fraction gauge",
+            *(
+                f'cuda_agent_sandbox_gpu_busy_fraction{{gpu="{g.index}"}} {g.busy_fraction:.6f}'
+                for g in st.gpus
+            ),
+            "# HELP cuda_agent_sandbox_gpu_lock_queue judge runs waiting for this GPU",
+            "# TYPE cuda_agent_sandbox_gpu_lock_queue gauge",
+            *(f'cuda_agent_sandbox_gpu_lock_queue{{gpu="{g.index}"}} {g.lock_queue}' for g in st.gpus),
+            "# HELP cuda_agent_sandbox_gpu_lock_wait_seconds_total time spent waiting for this GPU's lock",
+            "# TYPE cuda_agent_sandbox_gpu_lock_wait_seconds_total counter",
+            *(
+                f'cuda_agent_sandbox_gpu_lock_wait_seconds_total{{gpu="{g.index}"}} {g.lock_wait_total_s:.6f}'
+                for g in st.gpus
+            ),
+            "# HELP cuda_agent_sandbox_build_cache_hits judge builds served from the build cache",
+            "# TYPE cuda_agent_sandbox_build_cache_hits gauge",
+            f"cuda_agent_sandbox_build_cache_hits {st.build_cache_hits}",
+        ]
+        return self.metrics.render() + "\n".join(extra) + "\n"
+
+    # ------------------------------------------------------------------ handlers
+
+    async def h_health(self, request: web.Request, body: None) -> web.StreamResponse:
+        ok = self.judge.intact
+        return web.json_response({"ok": ok, "judge_intact": ok}, status=200 if ok else 503)
+
+    async def h_openapi(self, request: web.Request, body: None) -> web.StreamResponse:
+        return web.json_response(openapi_document(self.version))
+
+    async def h_metrics(self, request: web.Request, body: None) -> web.StreamResponse:
+        text = await asyncio.to_thread(self.render_metrics)
+        return web.Response(
+            text=text,
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Format": "prometheus-0.0.4"},
+        )
+
+    async def h_status(self, request: web.Request, body: None) -> ServerStatus:
+        return await asyncio.to_thread(self.status)
+
+    async def h_tools(self, request: web.Request, body: None) -> ToolList:
+        return tool_list()
+
+    async def h_create(self, request: web.Request, body: CreateSessionRequest) -> SessionInfo:
+        source = await self._task_source(body.task)
+        try:
+            session = await self.sessions.create(body, source)
+        except CapacityError as exc:
+            raise HttpError(503, str(exc)) from None
+        except ValueError as exc:
+            raise HttpError(400, str(exc)) from None
+        return session.info()
+
+    async def h_list(self, request: web.Request, body: None) -> SessionList:
+        return SessionList(sessions=[s.info() for s in self.sessions.sessions.values() if not s.closing])
+
+    async def h_get(self, request: web.Request, body: None) -> SessionInfo:
+        return self.sessions.get(request.match_info["session_id"]).info()
+
+    async def h_delete(self, request: web.Request, body: None) -> DeleteSessionResponse:
+        sid = request.match_info["session_id"]
+        killed = await self.sessions.delete(sid)
+        return DeleteSessionResponse(session_id=sid, deleted=True, processes_killed=killed)
+
+    async def h_session_judge(self, request: web.Request, body: SessionJudgeRequest) -> JudgeRun:
+        session = self.sessions.get(request.match_info["session_id"])
+        return await self.sessions.judge_session(session, body.stage)
+
+    async def h_evaluate(self, request: web.Request, body: EvaluateRequest) -> JudgeResult:
+        if body.device == "cuda" and self.gpus == 0:
+            raise HttpError(400, "device 'cuda' requested but this sandbox server has no GPU")
+        source = await self._task_source(body.task)
+        files = body.files if body.files is not None else {"model_new.py": body.model_new or ""}
+        gpu = None
+        if body.device == "cuda":
+            queues = [st.queued for st in await asyncio.to_thread(self._lock_states)]
+            gpu = queues.index(min(queues))
+        slot = await self.sessions.evaluate_slot()
+        try:
+            run = await self.judge.run(
+                stage="profile",
+                task_source=source,
+                candidate=Candidate(files=files),
+                device=body.device,
+                gpu=gpu,
+                options=body.judge,
+                slot=slot,
+                cache_dir=None,
+            )
+        finally:
+            self.sessions.release_evaluate_slot(slot)
+        if run.result is None:
+            status = 422 if run.exit_code == 2 else 503
+            raise HttpError(status, run.error or "judge produced no result")
+        return run.result
+
+    async def _task_source(self, task: TaskRef) -> str:
+        if task.source is not None:
+            return task.source
+        assert task.uri is not None
+        if not task.uri.startswith("s3://"):
+            raise HttpError(400, f"task.uri must be an s3:// URI, got {task.uri!r}")
+        try:
+            from cuda_agent.storage import StorageError, open_store
+        except ImportError as exc:
+            raise HttpError(400, f"s3 task references need cuda_agent.storage: {exc}") from None
+        try:
+            data = await asyncio.to_thread(lambda: open_store(task.uri or "").get_bytes(task.uri or ""))
+        except (StorageError, ImportError) as exc:
+            raise HttpError(400, f"cannot fetch task {task.uri}: {exc}") from None
+        return data.decode("utf-8", "replace")
+
+    async def h_tool(self, tool: Tool, request: web.Request, body: BaseModel) -> BaseModel:
+        session = self.sessions.get(request.match_info["session_id"])
+        start = time.monotonic()
+        try:
+            result = await tool.impl(self.sessions, session, body)
+        except ToolError as exc:
+            result = tool.result_model(is_error=True, output=str(exc))
+        outcome = "error" if result.is_error else "ok"
+        self.metrics.inc(
+            "tool_calls_total", "tool calls, by tool and outcome", tool=tool.name, outcome=outcome
+        )
+        self.metrics.observe(
+            "tool_call_seconds", "server-side tool call latency", time.monotonic() - start, tool=tool.name
+        )
+        session.touch()
+        return result
+
+
+def _tool_handler(tool: Tool) -> Handler:
+    async def handler(server: SandboxServer, request: web.Request, body: Any) -> BaseModel:
+        return await server.h_tool(tool, request, body)
+
+    return handler
+
+
+def _method(name: str) -> Handler:
+    async def handler(
+        server: SandboxServer, request: web.Request, body: Any
+    ) -> BaseModel | web.StreamResponse:
+        result: BaseModel | web.StreamResponse = await getattr(server, name)(request, body)
+        return result
+
+    return handler
+
+
+SESSION = "/v1/sessions/{session_id}"
+ROUTES: list[Route] = [
+    Route("GET", "/healthz", "liveness; 503 once the judge files changed", _method("h_health")),
+    Route("GET", "/openapi.json", "this API as an OpenAPI 3.1 document", _method("h_openapi")),
+    Route("GET", "/metrics", "Prometheus metrics", _method("h_metrics"), content_type="text/plain"),
+    Route(
+        "GET", "/v1/status", "load and capacity for the autoscaler", _method("h_status"), None, ServerStatus
+    ),
+    Route(
+        "GET", "/v1/tools", "the agent's tools with their input schemas", _method("h_tools"), None, ToolList
+    ),
+    Route(
+        "POST",
+        "/v1/sessions",
+        "create a session from a task",
+        _method("h_create"),
+        CreateSessionRequest,
+        SessionInfo,
+        201,
+    ),
+    Route("GET", "/v1/sessions", "list sessions", _method("h_list"), None, SessionList),
+    Route("GET", SESSION, "describe a session", _method("h_get"), None, SessionInfo),
+    Route(
+        "DELETE",
+        SESSION,
+        "delete a session and kill its processes",
+        _method("h_delete"),
+        None,
+        DeleteSessionResponse,
+    ),
+    Route(
+        "POST",
+        SESSION + "/judge",
+        "judge the session's workspace (compile | verify | profile)",
+        _method("h_session_judge"),
+        SessionJudgeRequest,
+        JudgeRun,
+    ),
+    Route(
+        "POST",
+        "/v1/evaluate",
+        "stateless reward: judge a candidate against a task",
+        _method("h_evaluate"),
+        EvaluateRequest,
+        JudgeResult,
+    ),
+    *(
+        Route(
+            "POST",
+            f"{SESSION}/tools/{t.name}",
+            t.description,
+            _tool_handler(t),
+            t.input_model,
+            t.result_model,
+        )
+        for t in TOOLS.values()
+    ),
+]
+
+
+def _error(status: int, message: str, detail: list[dict[str, Any]] | None = None) -> web.Response:
+    body = ErrorResponse(error=message, detail=detail).model_dump_json(exclude_none=True)
+    return web.Response(text=body, status=status, content_type="application/json")
+
+
+def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": ".".join(str(p) for p in e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()
+    ]
+
+
+def _wrap(server: SandboxServer, route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            body = None
+            if route.request is not None:
+                raw = await request.read()
+                try:
+                    body = route.request.model_validate(json.loads(raw or b"{}"))
+                except json.JSONDecodeError as exc:
+                    return _error(400, f"request body is not valid JSON: {exc}")
+                except ValidationError as exc:
+                    first = _validation_detail(exc)[0]
+                    return _error(
+                        422,
+                        f"invalid {route.request.__name__}: {first['loc']}: {first['msg']}",
+                        _validation_detail(exc),
+                    )
+            result = await route.handler(server, request, body)
+        except UnknownSessionError as exc:
+            return _error(404, f"unknown session {exc.args[0]!r}")
+        except HttpError as exc:
+            return _error(exc.status, str(exc))
+        except Exception as exc:  # the server keeps serving whatever one request does
+            log.exception("%s %s failed", route.method, route.path)
+            return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+        if isinstance(result, web.StreamResponse):
+            return result
+        return web.Response(
+            text=result.model_dump_json(by_alias=True), status=route.status, content_type="application/json"
+        )
+
+    return handle
+
+
+def tool_list() -> ToolList:
+    return ToolList(
+        tools=[
+            ToolSpec(name=t.name, description=t.description, input_schema=t.input_model.model_json_schema())
+            for t in TOOLS.values()
+        ]
+    )
+
+
+def openapi_document(api_version: str) -> dict[str, Any]:
+    models = {m for r in ROUTES for m in (r.request, r.response) if m is not None} | {ErrorResponse}
+    _, schemas = models_json_schema(
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)],
+        ref_template="#/components/schemas/{model}",
+    )
+    paths: dict[str, dict[str, Any]] = {}
+    for r in ROUTES:
+        op: dict[str, Any] = {"summary": r.summary, "operationId": _operation_id(r)}
+        if "{session_id}" in r.path:
+            op["parameters"] = [
+                {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+            ]
+        if r.request is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(r.request)}},
+            }
+        ok: dict[str, Any] = {"description": "OK"}
+        if r.response is not None:
+            ok["content"] = {"application/json": {"schema": _ref(r.response)}}
+        elif r.content_type == "text/plain":
+            ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
+        else:
+            ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        err = {"description": "error", "content": {"application/json": {"schema": _ref(ErrorResponse)}}}
+        op["responses"] = {str(r.status): ok, "default": err}
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "cuda-agent sandbox server", "version": api_version},
+        "paths": paths,
+        "components": {"schemas": schemas.get("$defs", {})},
+    }
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _operation_id(route: Route) -> str:
+    words = [w for w in route.path.replace("{session_id}", "").split("/") if w and w != "v1"]
+    return route.method.lower() + "_" + "_".join(w.replace(".", "_") for w in words)
+
+
+async def _housekeeping(server: SandboxServer) -> None:
+    """TTL reaping, the quota watchdog and busy-fraction sampling, every few seconds."""
+    while True:
+        await asyncio.sleep(min(5.0, server.config.session_ttl_s / 4))
+        for step in (server.sessions.reap_expired, server.sessions.watch_quotas, server.sample_busy):
+            try:
+                await step()
+            except Exception:  # one failed round must not end housekeeping
+                log.exception("housekeeping step %s failed", step.__name__)
+
+
+def build_app(server: SandboxServer) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    for route in ROUTES:
+        app.router.add_route(route.method, route.path, _wrap(server, route))
+
+    async def lifecycle(app: web.Application) -> Any:
+        server.judge.prepare_dirs()
+        server.sessions.prepare()
+        server.status()  # the first busy sample: the busy fraction's window starts at startup
+        task = asyncio.create_task(_housekeeping(server))
+        yield
+        task.cancel()
+        await server.sessions.close_all()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,210 @@
+"""`cuda-agent sandbox serve`: start one sandbox server.
+
+    cuda-agent sandbox serve --host 127.0.0.1 --port 8470 --state-dir /var/lib/cuda-agent-sandbox
+    cuda-agent sandbox serve --config sandbox.yaml --port 0     # port 0: any free port, printed on start
+
+Every SandboxServerConfig field is a flag (`--max-sessions 64`, `--max-concurrent-judges 4`, ...); nested
+limits are set from a --config YAML file. Startup checks the environment (state directory reachable by
+the sandbox users, uid range free, isolation working) and exits 2 with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import glob
+import json
+import logging
+import os
+import pwd
+import re
+import signal
+import stat
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.isolation import (
+    Isolation,
+    IsolationError,
+    detect_mode,
+    harden_server_process,
+    kill_uid_processes,
+    landlock_abi,
+)
+
+log = logging.getLogger("cuda_agent.sandbox")
+
+_SCALAR_FLAGS = {
+    name: field
+    for name, field in SandboxServerConfig.model_fields.items()
+    if name not in ("agent_limits", "judge_limits", "judge_command", "mask_paths", "env_passthrough")
+}
+
+
+class StartupError(Exception):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cuda-agent sandbox", description="the kernel sandbox server")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the HTTP server")
+    serve.add_argument("--config", type=Path, help="YAML file with SandboxServerConfig fields")
+    for name, field in _SCALAR_FLAGS.items():
+        serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description)
+    serve.add_argument("--judge-command", default=None, help="the judge CLI as one shell-quoted string")
+    serve.add_argument("--log-level", default="INFO")
+    return parser
+
+
+def load_config(args: argparse.Namespace) -> SandboxServerConfig:
+    values: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            loaded = yaml.safe_load(args.config.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise StartupError(f"--config {args.config}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise StartupError(f"--config {args.config}: expected a mapping of config fields")
+        values.update(loaded)
+    values.update({k: getattr(args, k) for k in _SCALAR_FLAGS if getattr(args, k) is not None})
+    if args.judge_command:
+        import shlex
+
+        values["judge_command"] = shlex.split(args.judge_command)
+    try:
+        return SandboxServerConfig.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise StartupError(f"invalid sandbox config: {where}: {first['msg']}") from None
+
+
+def count_gpus(configured: int | None) -> int:
+    if configured is not None:
+        return configured
+    return len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
+
+
+def check_environment(config: SandboxServerConfig, mode: str) -> int | None:
+    """Prepare the state directory; in root mode lock the uid range. Returns the lock fd to keep open."""
+    state = config.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o711)
+    if mode != "root":
+        return None
+    # The sandbox uids must reach their workspace below the state directory.
+    for parent in [state, *state.resolve().parents]:
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            raise StartupError(f"--state-dir {state}: {parent} is not searchable by other users (chmod o+x)")
+    # Hard links to files an agent cannot write (the judge's, say) are refused only with this on.
+    protected = Path("/proc/sys/fs/protected_hardlinks")
+    if protected.exists() and protected.read_text().strip() != "1":
+        log.warning("fs.protected_hardlinks is off: agents could hard-link files they cannot write")
+    slots = config.max_sessions + config.max_concurrent_judges
+    uids = range(config.uid_base - 1, config.uid_base + 2 * slots)
+    for uid in uids:
+        try:
+            entry = pwd.getpwuid(uid)
+        except KeyError:
+            continue
+        raise StartupError(
+            f"--uid-base {config.uid_base}: uid {uid} belongs to user {entry.pw_name!r}; choose a free range"
+        )
+    lock_dir = Path("/run/cuda-agent-sandbox")
+    try:
+        lock_dir.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        lock_dir = state
+    fd = os.open(lock_dir / f"uids-{config.uid_base}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise StartupError(
+            f"--uid-base {config.uid_base}: another sandbox server uses this uid range"
+        ) from None
+    for uid in uids:
+        if uid != config.uid_base - 1:
+            kill_uid_processes(uid)  # leftovers of a server that died
+    return fd
+
+
+async def self_test(isolation: Isolation, config: SandboxServerConfig) -> None:
+    """Run `true` through the full launch path once, so a broken environment fails at startup."""
+    probe = config.state_dir / "probe"
+    probe.mkdir(exist_ok=True)
+    os.chmod(probe, 0o755)
+    slot = isolation.slot(0)
+    env = isolation.base_env() | {"PATH": "/usr/bin:/bin"}
+    spec = isolation.agent_spec(slot, ["/bin/sh", "-c", "true"], env, str(probe), [str(probe)])
+    proc = await asyncio.create_subprocess_exec(
+        *isolation.launch_argv(spec), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={}
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise StartupError(f"isolation self-test failed ({isolation.mode} mode): {out.decode().strip()}")
+
+
+async def serve(config: SandboxServerConfig, isolation: Isolation, gpus: int) -> None:
+    from aiohttp import web
+
+    from cuda_agent.sandbox.server.app import SandboxServer, build_app
+
+    await self_test(isolation, config)
+    server = SandboxServer(config, isolation, gpus)
+    runner = web.AppRunner(build_app(server), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else config.port
+    abi = landlock_abi()
+    if not isolation.is_root and abi < 1:
+        log.warning("restricted mode without Landlock: sessions sharing this uid can read each other's files")
+    print(
+        json.dumps(
+            {
+                "event": "serving",
+                "landlock_abi": abi,
+                "url": f"http://{config.host}:{port}",
+                "port": port,
+                "isolation": isolation.mode,
+                "gpus": gpus,
+                "pid": os.getpid(),
+            }
+        ),
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args)
+        mode = detect_mode(config.isolation)
+        # Before any thread exists: non-dumpable, and (root) a private mount namespace for workspaces.
+        private = harden_server_process(private_mounts=mode == "root")
+        lock_fd = check_environment(config, mode)
+        isolation = Isolation(config, mode, private)
+        asyncio.run(serve(config, isolation, count_gpus(config.gpus)))
+    except (StartupError, IsolationError) as exc:
+        print(f"cuda-agent sandbox: {exc}", file=sys.stderr)
+        return 2
+    if lock_fd is not None:
+        os.close(lock_fd)
+    return 0

@@ -1,0 +1,101 @@
+"""Configuration of one sandbox server (one per GPU pod, or one local process)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+IsolationMode = Literal["auto", "root", "restricted"]
+
+
+class ProcessLimits(BaseModel):
+    """setrlimit values applied in the child before it runs any agent or judge code."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_seconds: int = Field(default=3600, ge=1, description="RLIMIT_CPU per process")
+    memory_mib: int | None = Field(
+        default=8192,
+        ge=64,
+        description="RLIMIT_AS per process; None on GPU hosts, where CUDA reserves huge virtual ranges",
+    )
+    processes: int = Field(default=256, ge=8, description="RLIMIT_NPROC: per uid, so per session when root")
+    file_size_mib: int = Field(
+        default=512, ge=1, description="RLIMIT_FSIZE: largest file one process may write"
+    )
+    open_files: int = Field(default=1024, ge=16, description="RLIMIT_NOFILE")
+
+    def rlimits(self) -> dict[str, list[int]]:
+        limits = {
+            "RLIMIT_CPU": [self.cpu_seconds, self.cpu_seconds],
+            "RLIMIT_NPROC": [self.processes, self.processes],
+            "RLIMIT_FSIZE": [self.file_size_mib << 20, self.file_size_mib << 20],
+            "RLIMIT_NOFILE": [self.open_files, self.open_files],
+            "RLIMIT_CORE": [0, 0],
+        }
+        if self.memory_mib is not None:
+            limits["RLIMIT_AS"] = [self.memory_mib << 20, self.memory_mib << 20]
+        return limits
+
+
+def _default_judge_command() -> list[str]:
+    """The judge CLI module itself: the same program as `cuda-agent judge`, without the dispatcher."""
+    return [sys.executable, "-m", "cuda_agent.sandbox.judge.cli"]
+
+
+class SandboxServerConfig(BaseModel):
+    """Everything `cuda-agent sandbox serve` can be told; the CLI flags map one to one onto these fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8470, ge=0, le=65535)
+    state_dir: Path = Path("/var/lib/cuda-agent-sandbox")
+    max_sessions: int = Field(default=64, ge=1)
+    session_ttl_s: float = Field(
+        default=1800.0, gt=0, description="an idle session is deleted after this long"
+    )
+    isolation: IsolationMode = "auto"
+    uid_base: int = Field(
+        default=61000, ge=1000, description="root mode: session slot k uses uids base+2k, base+2k+1"
+    )
+    agent_limits: ProcessLimits = ProcessLimits()
+    judge_limits: ProcessLimits = ProcessLimits(memory_mib=None, processes=512, file_size_mib=2048)
+    workspace_quota_mib: int = Field(default=2048, ge=16, description="bytes a session's workspace may hold")
+    bash_default_timeout_s: float = Field(default=120.0, gt=0)
+    bash_max_timeout_s: float = Field(default=600.0, gt=0)
+    output_limit_chars: int = Field(
+        default=30000, ge=1000, description="longer tool output is cut in the middle"
+    )
+    max_background_jobs: int = Field(default=8, ge=1, description="per session")
+    judge_command: list[str] = Field(default_factory=_default_judge_command)
+    judge_dir: Path | None = Field(default=None, description="files hash-checked before every judge run")
+    frozen_dir: Path | None = Field(
+        default=None, description="binding.cpp / binding_registry.h copied into workspaces"
+    )
+    shared_judge_cache: bool = Field(
+        default=False,
+        description="one build cache for all judge runs (fast: the torch PCH is built once) instead of one "
+        "per session; candidate code could then plant artifacts for other sessions' builds",
+    )
+    judge_timeout_s: float = Field(default=1800.0, gt=0, description="wall clock for one whole judge process")
+    max_concurrent_judges: int = Field(
+        default=2, ge=1, description="judge processes at once (builds share the CPUs)"
+    )
+    gpus: int | None = Field(default=None, ge=0, description="GPUs to share; None: count /dev/nvidia[0-9]*")
+    agent_gpu_access: bool = Field(
+        default=False, description="let agent commands see the GPU (disturbs timing; drops their RLIMIT_AS)"
+    )
+    mask_paths: list[Path] = Field(
+        default_factory=lambda: [Path("/root")],
+        description="root mode: hidden from agent and judge processes (the interpreter is re-exposed)",
+    )
+    env_passthrough: list[str] = Field(default_factory=lambda: [
+            "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TORCH_CUDA_ARCH_LIST",
+            "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
+        ],
+        description="the only server environment variables agent and judge processes inherit",
+    )  # fmt: skip

@@ -1,0 +1,437 @@
+"""Runs the judge CLI on a read-only snapshot of a candidate, as the slot's judge user, one GPU at a time.
+
+The judge is only ever a subprocess (`python -m cuda_agent.sandbox.judge.cli TASK CANDIDATE --json`):
+its files are hashed at startup and re-checked before every run, and a changed hash stops all judging
+(a tampered judge makes every later reward worthless). Builds run concurrently up to
+`max_concurrent_judges`; on a GPU the judge itself takes the per-GPU FIFO lock (its state file is passed
+in CUDA_AGENT_GPU_LOCK) around verify and profile only, so builds of many sessions overlap while no two
+sessions' measurements do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import shutil
+import stat
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
+from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_uid_processes
+from cuda_agent.sandbox.server.metrics import Metrics
+from cuda_agent.sandbox.server.models import Device, JudgeOptions, JudgeResult, JudgeRun, JudgeStage
+from cuda_agent.sandbox.server.procs import end_group, spawn
+
+log = logging.getLogger(__name__)
+
+MAX_SNAPSHOT_BYTES = 256 << 20
+MAX_SNAPSHOT_FILES = 5000
+_STDOUT_LIMIT = 8 << 20
+_STDERR_TAIL = 4000
+_SKIP_DIRS = {"__pycache__", ".git"}
+JUDGE_CACHE_ENV = "CUDA_AGENT_JUDGE_CACHE"  # the judge's content-addressed build cache (PCH, objects)
+
+
+def default_judge_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "judge"
+
+
+def hash_tree(root: Path) -> dict[str, str]:
+    """sha256 of every regular file under root, bytecode caches excepted (the judge never writes them)."""
+    digests: dict[str, str] = {}
+    if not root.is_dir():
+        return digests
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            if path.is_file() and not path.is_symlink():
+                digests[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def writable_judge_files(root: Path, mode: str) -> list[str]:
+    """Judge paths an agent or judge uid could change (group/other-writable, or owned by non-root)."""
+    exposed = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        for name in [".", *filenames]:
+            st = os.lstat(Path(dirpath, name))
+            if st.st_mode & 0o022 or (mode == "root" and st.st_uid != 0):
+                exposed.append(str(Path(dirpath, name)))
+    return exposed
+
+
+@dataclass
+class Candidate:
+    """Where the candidate lives before the snapshot: a workspace directory, or files given inline."""
+
+    workspace: Path | None = None
+    files: dict[str, str] | None = None
+
+
+class JudgeService:
+    def __init__(
+        self, config: SandboxServerConfig, isolation: Isolation, metrics: Metrics, gpus: int
+    ) -> None:
+        self.config = config
+        self.isolation = isolation
+        self.metrics = metrics
+        self.judge_dir = config.judge_dir or default_judge_dir()
+        self.baseline = hash_tree(self.judge_dir)
+        self.intact = True
+        self.jobs_dir = config.state_dir / "jobs"
+        self.gpu_dir = config.state_dir / "gpu"
+        self.shared_cache = config.state_dir / "judge-cache"
+        self.gpu_locks = [GpuTicketLock(self.gpu_dir / f"gpu{i}.lock") for i in range(gpus)]
+        self._slots = asyncio.Semaphore(config.max_concurrent_judges)
+        self.waiting_for_slot = 0
+        self.running = 0
+
+    def prepare_dirs(self) -> None:
+        group = self.isolation.judge_group if self.isolation.is_root else os.getgid()
+        shared = [(self.shared_cache, 0o2770)] if self.config.shared_judge_cache else []
+        for path, mode in ((self.jobs_dir, 0o711), (self.gpu_dir, 0o770), *shared):
+            path.mkdir(parents=True, exist_ok=True)
+            os.chown(path, os.getuid(), os.getgid() if path == self.jobs_dir else group)
+            os.chmod(path, mode)
+        for lock in self.gpu_locks:
+            lock.path.touch(exist_ok=True)
+            os.chown(lock.path, os.getuid(), group)
+            os.chmod(lock.path, 0o660)
+        exposed = writable_judge_files(self.judge_dir, self.isolation.mode) if self.judge_dir.is_dir() else []
+        if exposed:
+            log.warning(
+                "judge files writable beyond the server: %s; the hash check is their only guard", exposed[:5]
+            )
+
+    def changed_judge_files(self) -> list[str]:
+        current = hash_tree(self.judge_dir)
+        keys = set(current) | set(self.baseline)
+        return sorted(k for k in keys if current.get(k) != self.baseline.get(k))
+
+    async def run(
+        self,
+        *,
+        stage: JudgeStage,
+        task_source: str,
+        candidate: Candidate,
+        device: Device,
+        gpu: int | None,
+        options: JudgeOptions,
+        slot: Slot,
+        cache_dir: Path | None,
+    ) -> JudgeRun:
+        start = time.monotonic()
+        changed = await asyncio.to_thread(self.changed_judge_files) if self.intact else []
+        if changed or not self.intact:
+            self.intact = False
+            self.metrics.inc("judge_tamper_detected_total", "judge runs refused because judge files changed")
+            error = (
+                f"judge-tampered: judge files changed since startup ({', '.join(changed[:5]) or 'earlier'})"
+            )
+            return JudgeRun(stage=stage, error=error, text=f"{stage}: refused: {error}")
+        self.waiting_for_slot += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting_for_slot -= 1
+        queue_wait = time.monotonic() - start
+        self.running += 1
+        try:
+            run = await self._run_in_slot(
+                stage, task_source, candidate, device, gpu, options, slot, cache_dir
+            )
+        finally:
+            self.running -= 1
+            self._slots.release()
+        run.queue_wait_s = queue_wait
+        run.wall_s = time.monotonic() - start
+        self._record(run)
+        return run
+
+    async def _run_in_slot(
+        self,
+        stage: JudgeStage,
+        task_source: str,
+        candidate: Candidate,
+        device: Device,
+        gpu: int | None,
+        options: JudgeOptions,
+        slot: Slot,
+        cache_dir: Path | None,
+    ) -> JudgeRun:
+        job_dir = self.jobs_dir / uuid.uuid4().hex[:16]
+        try:
+            candidate_arg = await asyncio.to_thread(self._snapshot, job_dir, task_source, candidate, slot)
+            env = self._env(job_dir, device, gpu, cache_dir)
+            argv = [
+                *self.config.judge_command,
+                str(job_dir / "task.py"),
+                candidate_arg,
+                "--device",
+                device,
+                "--json",
+                *stage_flags(stage, options),
+            ]
+            scratch = str(job_dir / "scratch")
+            writable = [scratch] + ([env[JUDGE_CACHE_ENV]] if JUDGE_CACHE_ENV in env else [])
+            spec = self.isolation.judge_spec(slot, argv, env, scratch, writable, [str(job_dir)])
+            run = await self._spawn(stage, self.isolation.launch_argv(spec), slot)
+            if run.result is not None:
+                run.lock_wait_s = run.result.lock_wait_s or 0.0
+            return run
+        except SnapshotError as exc:
+            return JudgeRun(stage=stage, error=str(exc), text=f"{stage}: {exc}")
+        finally:
+            if self.isolation.is_root:
+                await asyncio.to_thread(kill_uid_processes, slot.judge_uid)
+            await asyncio.to_thread(shutil.rmtree, job_dir, True)
+
+    async def _spawn(self, stage: JudgeStage, argv: list[str], slot: Slot) -> JudgeRun:
+        proc, exited = await spawn(argv, merge_stderr=False, limit=_STDOUT_LIMIT)
+        assert proc.stdout is not None and proc.stderr is not None
+        out_task = asyncio.create_task(_read_bounded(proc.stdout, _STDOUT_LIMIT))
+        err_task = asyncio.create_task(_read_bounded(proc.stderr, _STDOUT_LIMIT))
+        try:
+            await asyncio.wait_for(exited.wait(), self.config.judge_timeout_s)
+        except TimeoutError:
+            error = f"judge timed out after {self.config.judge_timeout_s:g} s"
+            return JudgeRun(stage=stage, error=error, exit_code=None, text=f"{stage}: {error}")
+        finally:
+            # Also on cancellation (the agent's command was interrupted): stop judging for it.
+            await end_group(proc)
+            for task in (out_task, err_task):
+                if not task.done():
+                    task.cancel()
+        stdout = out_task.result() if not out_task.cancelled() else b""
+        stderr = err_task.result() if not err_task.cancelled() else b""
+        err_tail = stderr.decode("utf-8", "replace")[-_STDERR_TAIL:].strip()
+        code = proc.returncode
+        if code == 0:
+            try:
+                result = JudgeResult.model_validate(json.loads(stdout))
+            except (ValueError, ValidationError) as exc:
+                error = f"judge printed no valid result JSON: {str(exc)[:300]}"
+                return JudgeRun(
+                    stage=stage, error=error, exit_code=code, text=f"{stage}: {error}\n{err_tail}"
+                )
+            return JudgeRun(stage=stage, result=result, exit_code=code, text=summarize(stage, result))
+        what = "judge rejected the task or arguments" if code == 2 else f"judge failed with exit code {code}"
+        error = f"{what}: {err_tail.splitlines()[-1] if err_tail else '(no message)'}"
+        return JudgeRun(
+            stage=stage, error=error, exit_code=code, text=f"{stage}: {error}\n{err_tail}".strip()
+        )
+
+    def _env(self, job_dir: Path, device: Device, gpu: int | None, cache_dir: Path | None) -> dict[str, str]:
+        env = self.isolation.base_env()
+        scratch = str(job_dir / "scratch")
+        env.update(
+            PATH=os.pathsep.join(
+                [
+                    os.path.dirname(self.config.judge_command[0]),
+                    "/usr/local/cuda/bin",
+                    "/usr/local/bin",
+                    "/usr/bin",
+                    "/bin",
+                ]
+            ),
+            HOME=scratch,
+            TMPDIR=scratch,
+            USER="cuda-agent-judge",
+            LOGNAME="cuda-agent-judge",
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONUNBUFFERED="1",
+            MAX_JOBS=str(max(1, (os.cpu_count() or 2) // self.config.max_concurrent_judges)),
+            CUDA_VISIBLE_DEVICES=str(gpu) if device == "cuda" and gpu is not None else "",
+        )
+        if self.config.shared_judge_cache:
+            cache_dir = self.shared_cache
+        if cache_dir is not None:
+            env[JUDGE_CACHE_ENV] = str(cache_dir)
+            env["TORCH_EXTENSIONS_DIR"] = str(cache_dir / "torch_extensions")
+        if device == "cuda" and gpu is not None:
+            env[GPU_LOCK_ENV] = str(self.gpu_locks[gpu].path)
+        return env
+
+    def _snapshot(self, job_dir: Path, task_source: str, candidate: Candidate, slot: Slot) -> str:
+        """Copy task and candidate into a job directory the judge can read but not change."""
+        root = self.isolation.is_root
+        group = slot.judge_gid if root else os.getgid()
+        job_dir.mkdir(mode=0o750)
+        os.chown(job_dir, os.getuid(), group)
+        scratch = job_dir / "scratch"
+        scratch.mkdir(mode=0o700)
+        if root:
+            os.chown(scratch, slot.judge_uid, slot.judge_gid)
+        if candidate.files is None and candidate.workspace is None:
+            raise SnapshotError("no candidate given")
+        files = (
+            _read_workspace(candidate.workspace)
+            if candidate.workspace is not None
+            else {k: v.encode() for k, v in (candidate.files or {}).items()}
+        )
+        target = job_dir / "candidate"
+        _write_tree(target, files, group)
+        _write_file(job_dir / "task.py", task_source.encode(), group)
+        has_kernels = any(_is_kernel_source(p) for p in files)
+        if has_kernels or "model_new.py" not in files:
+            return str(target)
+        return str(target / "model_new.py")
+
+    def _record(self, run: JudgeRun) -> None:
+        outcome = "error" if run.result is None else f"reward{run.result.reward}"
+        self.metrics.inc(
+            "judge_runs_total", "judge processes run, by stage and outcome", stage=run.stage, outcome=outcome
+        )
+        self.metrics.observe(
+            "judge_run_seconds", "wall time of judge runs, queueing included", run.wall_s, stage=run.stage
+        )
+        self.metrics.observe(
+            "judge_queue_wait_seconds", "time judge runs waited for a judge slot", run.queue_wait_s
+        )
+        if run.result is not None and run.result.device == "cuda" and run.result.lock_wait_s is not None:
+            self.metrics.observe(
+                "gpu_lock_wait_seconds", "time judge runs waited for the GPU lock", run.result.lock_wait_s
+            )
+        if run.result is not None and run.result.build_cached is not None:
+            name = "build_cache_hits_total" if run.result.build_cached else "build_cache_misses_total"
+            self.metrics.inc(name, "judge builds served from (or missing) the build cache")
+
+
+async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> bytes:
+    """Everything until EOF, keeping at most `limit` bytes (the rest is read and dropped)."""
+    data = bytearray()
+    while chunk := await stream.read(1 << 16):
+        data += chunk[: max(0, limit - len(data))]
+    return bytes(data)
+
+
+class SnapshotError(Exception):
+    pass
+
+
+# The judge has no build-only or verify-only mode yet: the early stages run its shortest profile (3 trials)
+# and skip torch.compile, so they cost little beyond the build; their reward is not shown to the agent.
+QUICK_PROFILE = {"profile_trials": 3, "compile_mode": "none"}
+
+
+def stage_flags(stage: JudgeStage, options: JudgeOptions) -> list[str]:
+    """CLI flags for one stage: compile = 1 verify trial + quick profile; verify = quick profile."""
+    flags: list[str] = []
+    values: dict[str, object] = options.model_dump(exclude_none=True)
+    if stage == "compile":
+        values.update(trials=1, **QUICK_PROFILE)
+    elif stage == "verify":
+        values.update(QUICK_PROFILE)
+    names = {"timeout_s": "--timeout"}
+    for key, value in values.items():
+        flags += [names.get(key, "--" + key.replace("_", "-")), str(value)]
+    return flags
+
+
+def _is_kernel_source(rel: str) -> bool:
+    """The agent's own sources under kernels/ (the frozen binding files do not make a layout)."""
+    name = os.path.basename(rel)
+    frozen = name in ("binding.cpp", "binding_registry.h")
+    return (
+        rel.startswith("kernels/")
+        and not frozen
+        and name.endswith((".cu", ".cpp", ".cc", ".cuh", ".h", ".hpp"))
+    )
+
+
+def _read_workspace(workspace: Path) -> dict[str, bytes]:
+    """Regular files of a workspace, read without following symlinks, within size and count bounds."""
+    files: dict[str, bytes] = {}
+    total = 0
+    top = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top):
+            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+            for name in filenames:
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
+                except OSError:
+                    continue  # symlinks, vanished files
+                with os.fdopen(fd, "rb") as f:
+                    st = os.fstat(f.fileno())
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    total += st.st_size
+                    if total > MAX_SNAPSHOT_BYTES or len(files) >= MAX_SNAPSHOT_FILES:
+                        raise SnapshotError(
+                            f"workspace too large to judge (over {MAX_SNAPSHOT_BYTES >> 20} MiB or "
+                            f"{MAX_SNAPSHOT_FILES} files); remove build outputs"
+                        )
+                    files[os.path.normpath(os.path.join(dirpath, name))] = f.read()
+    finally:
+        os.close(top)
+    return files
+
+
+def _write_tree(target: Path, files: dict[str, bytes], group: int) -> None:
+    target.mkdir(mode=0o750)
+    os.chown(target, os.getuid(), group)
+    for rel, data in files.items():
+        norm = os.path.normpath(rel)
+        if norm.startswith(("..", "/")) or "\x00" in norm:
+            raise SnapshotError(f"candidate file path {rel!r} leaves the candidate directory")
+        path = target / norm
+        for parent in reversed([p for p in path.relative_to(target).parents if str(p) != "."]):
+            d = target / parent
+            if not d.exists():
+                d.mkdir(mode=0o750)
+                os.chown(d, os.getuid(), group)
+        _write_file(path, data, group)
+
+
+def _write_file(path: Path, data: bytes, group: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+    with os.fdopen(fd, "wb") as f:
+        os.fchown(f.fileno(), os.getuid(), group)
+        f.write(data)
+
+
+def summarize(stage: JudgeStage, r: JudgeResult) -> str:
+    """What `compile`, `verify` and `profile` print for the agent."""
+    yes = {True: "yes", False: "no"}
+    lines = [f"== {stage} ==", f"compiled: {yes[r.compiled]}"]
+    if stage != "compile":
+        lines.append(f"correct: {yes[r.correct]}")
+    if r.error:
+        lines.append(f"error: {r.error}")
+    if r.violations:
+        lines.append("violations:")
+        lines += [f"  - {v}" for v in r.violations]
+    if stage == "profile":
+        t, s = r.timings_ms, r.speedup
+        lines.append(
+            "time (ms): candidate {} | eager {} | torch.compile {}".format(
+                *(_ms(t.get(k)) for k in ("candidate", "eager", "compile"))
+            )
+        )
+        lines.append(f"speedup: vs eager {_x(s.get('eager'))} | vs torch.compile {_x(s.get('compile'))}")
+        lines.append(f"reward: {r.reward}")
+    if r.build_log and (stage == "compile" or not r.compiled):
+        tail = r.build_log.strip().splitlines()[-60:]
+        lines.append("build log (last lines):")
+        lines += tail
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}x"

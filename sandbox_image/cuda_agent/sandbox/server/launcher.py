@@ -1,0 +1,181 @@
+"""Runs in the child between fork and the agent's (or judge's) program: isolate, drop privileges, exec.
+
+Started as `python -I -S launcher.py SPEC` by the server (never imported), single-threaded, so every step
+here is fork-safe, unlike a preexec_fn inside the multi-threaded server. SPEC is the hex of a `marshal`ed
+dict: marshal is built in, while importing json (and re) would double this process's startup time. The
+order matters: namespaces and mounts need the server's privileges, so they come first; rlimits, then the
+user switch; no_new_privs and the seccomp filter last, because after them nothing can be undone.
+Any failure exits 126 with one line naming the step, so a tool result says why nothing ran.
+"""
+
+import ctypes
+import marshal
+import os
+import resource
+import sys
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+AF_INET, SOCK_DGRAM, SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 2, 2, 0x8913, 0x8914, 0x1
+SIGKILL = 9
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+# Landlock (same numbers on x86_64 and aarch64): filesystem rights by ABI version.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+LL_FILE_RIGHTS = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (1 << 14) | (1 << 15)  # + truncate, ioctl_dev
+LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
+LL_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def _loopback_up() -> None:
+    # A fresh network namespace has only `lo`, and it is down; tests inside the sandbox may want it.
+    # struct ifreq: char name[16]; short flags; (padded to 40 bytes). Raw libc keeps `socket` unimported.
+    fd = _libc.socket(AF_INET, SOCK_DGRAM, 0)
+    if fd < 0:
+        _check(-1, "socket")
+    try:
+        ifr = ctypes.create_string_buffer(b"lo", 40)
+        _check(min(0, _libc.ioctl(fd, SIOCGIFFLAGS, ifr)), "SIOCGIFFLAGS")
+        flags = ctypes.c_short.from_buffer(ifr, 16)
+        flags.value |= IFF_UP
+        _check(min(0, _libc.ioctl(fd, SIOCSIFFLAGS, ifr)), "SIOCSIFFLAGS")
+    finally:
+        os.close(fd)
+
+
+def _mask_paths(masks: list[dict[str, Any]], hide: list[str]) -> None:
+    """Cover each mask path with an empty tmpfs, then bind its `expose` subpaths back in."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    for mask in masks:
+        if not os.path.isdir(mask["path"]):
+            continue
+        # O_PATH fds keep the covered directories reachable after the tmpfs hides them.
+        keep = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in mask["expose"] if os.path.isdir(p)]
+        _mount("tmpfs", mask["path"], "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for path, fd in keep:
+            os.makedirs(path, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+            os.close(fd)
+    for path in hide:
+        if os.path.exists(path):
+            _mount("/dev/null", path, None, MS_BIND, None)
+
+
+def _landlock(read: list[str], write: list[str]) -> None:
+    """Confine the filesystem view: read-only beneath `read`, everything beneath `write`, nothing else.
+
+    Restricted mode runs every session under one uid, so this is what keeps one session out of another's
+    workspace (and out of judge snapshots). Kernels without Landlock run unconfined (reported at startup).
+    """
+    abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 1:
+        return
+    handled = LL_RIGHTS_BY_ABI.get(abi, (1 << 16) - 1)
+    # ABI 6 scopes signals and abstract Unix sockets to the domain: one command cannot signal
+    # another session's processes (or the server) even under the same uid.
+    attr = (ctypes.c_uint64 * 3)(handled, 0, LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 8
+    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    try:
+        for paths, rights in ((read, LL_EXECUTE | LL_READ_FILE | LL_READ_DIR), (write, handled)):
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    continue  # vanished since the server listed it
+                try:
+                    is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
+                    allowed = rights if is_dir else rights & LL_FILE_RIGHTS & handled
+                    rule = _PathBeneath(allowed, fd)
+                    rc = _libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1),
+                                       ctypes.byref(rule), ctypes.c_uint32(0))  # fmt: skip
+                    _check(min(0, rc), f"landlock rule for {path}")
+                finally:
+                    os.close(fd)
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+        _check(min(0, _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))),
+               "landlock_restrict_self")  # fmt: skip
+    finally:
+        os.close(ruleset)
+
+
+def _install_seccomp(program: bytes) -> None:
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    buf = ctypes.create_string_buffer(program)
+    prog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp filter")
+
+
+def launch(spec: dict[str, Any]) -> None:
+    step = "namespaces"
+    try:
+        flags = (CLONE_NEWNET if spec["new_netns"] else 0) | (CLONE_NEWNS if spec["new_mountns"] else 0)
+        if flags:
+            _check(_libc.unshare(flags), "unshare")
+        if spec["new_netns"]:
+            step = "loopback"
+            _loopback_up()
+        if spec["new_mountns"]:
+            step = "mounts"
+            _mask_paths(spec["masks"], spec["hide"])
+        step = "oom_score_adj"
+        if spec.get("oom_score_adj") is not None:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(spec["oom_score_adj"]))
+        step = "rlimits"
+        for name, (soft, hard) in spec["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (soft, hard))
+        step = "user switch"
+        if spec["uid"] is not None:
+            os.setgroups(spec["groups"])
+            os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+            os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+        step = "parent-death signal"
+        _check(_libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+        step = "landlock"
+        if spec.get("landlock"):
+            _landlock(spec["landlock"]["read"], spec["landlock"]["write"])
+        step = "seccomp"
+        if spec.get("seccomp"):
+            _install_seccomp(bytes.fromhex(spec["seccomp"]))
+        step = "chdir"
+        os.chdir(spec["cwd"])
+        os.umask(spec["umask"])
+        step = "exec"
+        os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+    except Exception as exc:  # any failure becomes one readable line
+        sys.stderr.write(f"sandbox launcher: {step} failed: {exc}\n")
+        sys.stderr.flush()
+        os._exit(126)
+
+
+if __name__ == "__main__":
+    launch(marshal.loads(bytes.fromhex(sys.argv[1])))

@@ -1,0 +1,413 @@
+"""Sessions: one private workspace per agent episode, its processes, its judge channel and its lifetime.
+
+Layout of a session directory (root mode ownership in brackets):
+    <state>/sessions/<id>/            0711 [root]
+        workspace/                    0700 [agent uid]  size-limited tmpfs when mounts are private
+        bin/compile|verify|profile    0755 [root]       on the agent's PATH
+        run/judge.sock                0660 [root:agent] the judge channel (agent commands have no network)
+        tmp/                          0700 [agent uid]  TMPDIR
+        judge-cache/                  0700 [judge uid]  build cache of this session's judge runs
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_uid_processes
+from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
+from cuda_agent.sandbox.server.metrics import Metrics
+from cuda_agent.sandbox.server.models import (
+    BackgroundJobInfo,
+    CreateSessionRequest,
+    Device,
+    JudgeOptions,
+    JudgeRun,
+    JudgeStage,
+    SessionInfo,
+    SessionJudgeRequest,
+    TodoItem,
+)
+from cuda_agent.sandbox.server.procs import BackgroundJob
+from cuda_agent.sandbox.server.workspace_fs import WorkspaceFS
+
+log = logging.getLogger(__name__)
+
+SKILL_TEMPLATE = Path(__file__).resolve().parents[1] / "skill" / "SKILL.md"
+ENTRYPOINT = Path(__file__).with_name("entrypoint.py")
+FROZEN_FILES = ("binding.cpp", "binding_registry.h")
+MNT_DETACH = 2
+MS_NOSUID, MS_NODEV = 0x2, 0x4
+
+
+class UnknownSessionError(KeyError):
+    pass
+
+
+class CapacityError(RuntimeError):
+    pass
+
+
+@dataclass
+class Session:
+    session_id: str
+    slot: Slot
+    task_source: str
+    task_name: str
+    device: Device
+    gpu: int | None
+    judge_options: JudgeOptions
+    ttl_s: float
+    directory: Path
+    fs: WorkspaceFS
+    tmpfs: bool
+    created_at: float = field(default_factory=time.time)
+    last_activity: float = field(default_factory=time.time)
+    jobs: dict[str, BackgroundJob] = field(default_factory=dict)
+    todos: list[TodoItem] = field(default_factory=list)
+    judge_busy: asyncio.Lock = field(default_factory=asyncio.Lock)
+    judge_runs: int = 0
+    channel: asyncio.AbstractServer | None = None
+    closing: bool = False
+
+    @property
+    def workspace(self) -> Path:
+        return self.directory / "workspace"
+
+    def touch(self) -> None:
+        self.last_activity = time.time()
+
+    @property
+    def expires_at(self) -> float:
+        return self.last_activity + self.ttl_s
+
+    def info(self) -> SessionInfo:
+        jobs = [
+            BackgroundJobInfo(
+                bash_id=j.bash_id, command=j.command[:200], status=j.status, exit_code=j.proc.returncode
+            )
+            for j in self.jobs.values()
+        ]
+        return SessionInfo(
+            session_id=self.session_id,
+            workspace=str(self.workspace),
+            device=self.device,
+            gpu=self.gpu,
+            task_name=self.task_name,
+            created_at=self.created_at,
+            last_activity=self.last_activity,
+            expires_at=self.expires_at,
+            background_jobs=jobs,
+            judge_runs=self.judge_runs,
+        )
+
+
+class SessionManager:
+    def __init__(
+        self,
+        config: SandboxServerConfig,
+        isolation: Isolation,
+        judge: JudgeService,
+        metrics: Metrics,
+        gpus: int,
+    ) -> None:
+        self.config = config
+        self.isolation = isolation
+        self.judge = judge
+        self.metrics = metrics
+        self.gpus = gpus
+        self.sessions: dict[str, Session] = {}
+        self.root = config.state_dir / "sessions"
+        self._free_slots = list(range(config.max_sessions))
+        # Stateless evaluations get their own slots (and uids), handed out in FIFO order.
+        self._eval_slots: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(config.max_concurrent_judges):
+            self._eval_slots.put_nowait(config.max_sessions + i)
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    @property
+    def slot_count(self) -> int:
+        return self.config.max_sessions + self.config.max_concurrent_judges
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)
+        for stale in self.root.iterdir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+    async def create(self, req: CreateSessionRequest, task_source: str) -> Session:
+        if req.device == "cuda" and self.gpus == 0:
+            raise ValueError("device 'cuda' requested but this sandbox server has no GPU")
+        if not self._free_slots:
+            raise CapacityError(f"all {self.config.max_sessions} session slots are in use")
+        index = self._free_slots.pop(0)
+        slot = self.isolation.slot(index)
+        session_id = uuid.uuid4().hex[:16]
+        directory = self.root / session_id
+        try:
+            if self.isolation.is_root:
+                await asyncio.to_thread(kill_uid_processes, slot.agent_uid)  # leftovers of a crashed run
+            tmpfs = await asyncio.to_thread(self._make_dirs, directory, slot)
+            owner = (slot.agent_uid, slot.agent_gid) if self.isolation.is_root else None
+            session = Session(
+                session_id=session_id,
+                slot=slot,
+                task_source=task_source,
+                task_name=req.task.name,
+                device=req.device,
+                gpu=self._pick_gpu() if req.device == "cuda" else None,
+                judge_options=req.judge,
+                ttl_s=req.ttl_s or self.config.session_ttl_s,
+                directory=directory,
+                fs=WorkspaceFS(directory / "workspace", owner),
+                tmpfs=tmpfs,
+            )
+            self._seed(session)
+            session.channel = await asyncio.start_unix_server(
+                lambda r, w: self._serve_channel(session, r, w), path=str(directory / "run" / "judge.sock")
+            )
+            sock = directory / "run" / "judge.sock"
+            os.chown(sock, os.getuid(), slot.agent_gid)
+            os.chmod(sock, 0o660)
+        except BaseException:
+            await asyncio.to_thread(self._remove_dirs, directory)
+            self._free_slots.append(index)
+            raise
+        self.sessions[session_id] = session
+        self.metrics.inc("sessions_created_total", "sessions created")
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None or session.closing:
+            raise UnknownSessionError(session_id)
+        return session
+
+    async def delete(self, session_id: str, reason: str = "deleted") -> int:
+        session = self.sessions.get(session_id)
+        if session is None or session.closing:
+            raise UnknownSessionError(session_id)
+        session.closing = True
+        if session.channel is not None:
+            session.channel.close()
+        killed = sum(1 for job in session.jobs.values() if job.status == "running")
+        for job in session.jobs.values():
+            job.kill()
+        if self.isolation.is_root:
+            killed = await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid)
+        for job in session.jobs.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(job.proc.wait(), 5)
+            if job.pump is not None:
+                job.pump.cancel()
+        await asyncio.to_thread(self._remove_dirs, session.directory)
+        self.sessions.pop(session_id, None)
+        self._free_slots.append(session.slot.index)
+        self.metrics.inc("sessions_ended_total", "sessions ended, by reason", reason=reason)
+        return killed
+
+    async def reap_expired(self) -> None:
+        now = time.time()
+        for sid, session in list(self.sessions.items()):
+            if session.expires_at < now and not session.closing and not session.judge_busy.locked():
+                log.info("session %s idle past its %s s TTL: deleting", sid, session.ttl_s)
+                await self.delete(sid, reason="expired")
+
+    async def enforce_quota(self, session: Session) -> str:
+        """Without a tmpfs the quota is checked after the fact: over it, the session's processes die."""
+        if session.tmpfs:
+            return ""
+        used = await asyncio.to_thread(session.fs.usage_bytes)
+        limit = self.config.workspace_quota_mib << 20
+        if used <= limit:
+            return ""
+        for job in session.jobs.values():
+            job.kill()
+        if self.isolation.is_root:
+            await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid)
+        self.metrics.inc("workspace_quota_exceeded_total", "times a workspace outgrew its quota")
+        return (
+            f"workspace quota exceeded: {used >> 20} MiB used, limit {limit >> 20} MiB; the session's "
+            "processes were killed, delete files to continue"
+        )
+
+    async def watch_quotas(self) -> None:
+        for session in list(self.sessions.values()):
+            if not session.closing and any(j.status == "running" for j in session.jobs.values()):
+                await self.enforce_quota(session)
+
+    async def close_all(self) -> None:
+        for sid in list(self.sessions):
+            with contextlib.suppress(UnknownSessionError):
+                await self.delete(sid, reason="shutdown")
+
+    # ------------------------------------------------------------------ judge
+
+    async def judge_session(self, session: Session, stage: JudgeStage) -> JudgeRun:
+        session.touch()
+        if session.judge_busy.locked():
+            error = "another compile/verify/profile is already running in this session"
+            return JudgeRun(stage=stage, error=error, text=f"{stage}: {error}")
+        async with session.judge_busy:
+            session.judge_runs += 1
+            run = await self.judge.run(
+                stage=stage,
+                task_source=session.task_source,
+                candidate=Candidate(workspace=session.workspace),
+                device=session.device,
+                gpu=session.gpu,
+                options=session.judge_options,
+                slot=session.slot,
+                cache_dir=session.directory / "judge-cache",
+            )
+        session.touch()
+        return run
+
+    async def evaluate_slot(self) -> Slot:
+        return self.isolation.slot(await self._eval_slots.get())
+
+    def release_evaluate_slot(self, slot: Slot) -> None:
+        self._eval_slots.put_nowait(slot.index)
+
+    async def _serve_channel(
+        self, session: Session, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One request per connection from the session's compile/verify/profile commands."""
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            try:
+                stage = SessionJudgeRequest.model_validate(json.loads(line)).stage
+            except (ValueError, ValidationError) as exc:
+                writer.write(
+                    json.dumps({"text": f"bad judge request: {exc}", "result": None}).encode() + b"\n"
+                )
+                return
+            judge_task = asyncio.create_task(self.judge_session(session, stage))
+            # The agent's command may be killed (timeout): its closed socket cancels the judge run.
+            gone = asyncio.create_task(reader.read(1))
+            done, _ = await asyncio.wait({judge_task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if judge_task not in done:
+                judge_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await judge_task
+                return
+            gone.cancel()
+            writer.write(judge_task.result().model_dump_json().encode() + b"\n")
+            await writer.drain()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    # ------------------------------------------------------------------ workspace
+
+    def agent_env(self, session: Session) -> dict[str, str]:
+        env = self.isolation.base_env()
+        bin_dirs = [str(session.directory / "bin"), os.path.dirname(sys.executable), "/usr/local/cuda/bin"]
+        gpu_visible = self.config.agent_gpu_access and session.gpu is not None
+        env.update(
+            PATH=":".join(
+                [*bin_dirs, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+            ),
+            HOME=str(session.workspace),
+            USER="sandbox",
+            LOGNAME="sandbox",
+            TMPDIR=str(session.directory / "tmp"),
+            TERM="dumb",
+            PYTHONUNBUFFERED="1",
+            MAX_JOBS="2",
+            CUDA_AGENT_WORKSPACE=str(session.workspace),
+            CUDA_AGENT_JUDGE_SOCKET=str(session.directory / "run" / "judge.sock"),
+            CUDA_VISIBLE_DEVICES=str(session.gpu) if gpu_visible else "",
+        )
+        return env
+
+    def _pick_gpu(self) -> int:
+        load = [0] * self.gpus
+        for s in self.sessions.values():
+            if s.gpu is not None:
+                load[s.gpu] += 1
+        return load.index(min(load))
+
+    def _make_dirs(self, directory: Path, slot: Slot) -> bool:
+        """Create the session's directories; returns whether the workspace is a size-limited tmpfs."""
+        root = self.isolation.is_root
+        agent = (slot.agent_uid, slot.agent_gid)
+        directory.mkdir(mode=0o711)
+        workspace = directory / "workspace"
+        workspace.mkdir(mode=0o700)
+        tmpfs = False
+        if root and self.isolation.private_mounts:
+            opts = f"size={self.config.workspace_quota_mib}m,mode=0700,uid={agent[0]},gid={agent[1]}"
+            tmpfs = (
+                self._libc.mount(
+                    b"tmpfs", str(workspace).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()
+                )
+                == 0
+            )
+        for name, mode, owner in (
+            ("bin", 0o755, None),
+            ("run", 0o750, (os.getuid(), slot.agent_gid)),
+            ("tmp", 0o700, agent),
+            ("judge-cache", 0o700, (slot.judge_uid, slot.judge_gid)),
+        ):
+            (directory / name).mkdir(mode=mode)
+            if root and owner is not None:
+                os.chown(directory / name, *owner)
+        if root:
+            os.chown(workspace, *agent)
+        return tmpfs
+
+    def _remove_dirs(self, directory: Path) -> None:
+        workspace = directory / "workspace"
+        if os.path.ismount(workspace):
+            self._libc.umount2(str(workspace).encode(), MNT_DETACH)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def _seed(self, session: Session) -> None:
+        """model.py, SKILL.md, the frozen binding files, and the judge entry points on PATH."""
+        fs = session.fs
+        cuda = session.device == "cuda"
+        skill = SKILL_TEMPLATE.read_text().format(
+            workspace=session.workspace,
+            device=session.device,
+            kernel_kind="CUDA kernels" if cuda else "C++ kernels",
+            kernel_ext="cu" if cuda else "cpp",
+            kernel_note="CUDA C++; keep torch headers out of .cu files"
+            if cuda
+            else "plain C++, no torch headers",
+            quota_mib=self.config.workspace_quota_mib,
+        )
+        fs.write_bytes("model.py", session.task_source.encode())
+        fs.write_bytes("SKILL.md", skill.encode())
+        frozen = self.config.frozen_dir or (self.judge.judge_dir / "frozen")
+        for name in FROZEN_FILES:
+            if (frozen / name).is_file():
+                fs.write_bytes(f"kernels/{name}", (frozen / name).read_bytes())
+        if not fs.exists("kernels"):
+            fs.write_bytes("kernels/.keep", b"")
+        script = ENTRYPOINT.read_text()
+        script = script.replace("#!/usr/bin/env python3", f"#!{sys.executable} -IS", 1)
+        script = script.replace(
+            'DEFAULT_SOCKET = ""', f"DEFAULT_SOCKET = {str(session.directory / 'run' / 'judge.sock')!r}", 1
+        )
+        bin_dir = session.directory / "bin"
+        (bin_dir / "judge-client").write_text(script)
+        os.chmod(bin_dir / "judge-client", 0o755)
+        for stage in ("compile", "verify", "profile"):
+            os.symlink("judge-client", bin_dir / stage)

@@ -1,0 +1,220 @@
+"""The agent's tool set as the server exposes it: name -> input model, result model, implementation.
+
+One table drives the HTTP routes, the OpenAPI document and `GET /v1/tools` (the schemas an agent loop
+hands to the model), so the three cannot disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from cuda_agent.sandbox.server import file_tools
+from cuda_agent.sandbox.server.models import (
+    BashInput,
+    BashOutputInput,
+    BashOutputResult,
+    BashResult,
+    EditInput,
+    EditResult,
+    GlobInput,
+    GlobResult,
+    GrepInput,
+    GrepResult,
+    KillBashInput,
+    MultiEditInput,
+    NotebookEditInput,
+    ReadInput,
+    ReadResult,
+    TodoWriteInput,
+    TodoWriteResult,
+    ToolResult,
+    WriteInput,
+)
+from cuda_agent.sandbox.server.procs import run_foreground, start_background
+from cuda_agent.sandbox.server.sessions import Session, SessionManager
+from cuda_agent.sandbox.server.workspace_fs import ToolError
+
+ToolImpl = Callable[[SessionManager, Session, Any], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_model: type[BaseModel]
+    result_model: type[ToolResult]
+    impl: ToolImpl
+
+
+def _bash_argv(manager: SessionManager, session: Session, command: str) -> list[str]:
+    argv = ["/bin/bash", "--noprofile", "--norc", "-c", command]
+    env = manager.agent_env(session)
+    writable = [str(session.directory)]
+    spec = manager.isolation.agent_spec(session.slot, argv, env, str(session.workspace), writable)
+    return manager.isolation.launch_argv(spec)
+
+
+async def bash(manager: SessionManager, session: Session, req: BashInput) -> BashResult:
+    cfg = manager.config
+    if req.run_in_background:
+        running = [j for j in session.jobs.values() if j.status == "running"]
+        if len(running) >= cfg.max_background_jobs:
+            raise ToolError(
+                f"{len(running)} background jobs are running (limit {cfg.max_background_jobs}); "
+                "kill one with kill_bash first"
+            )
+        bash_id = f"bash_{uuid.uuid4().hex[:8]}"
+        job = await start_background(
+            bash_id,
+            req.command,
+            _bash_argv(manager, session, req.command),
+            max_pending=cfg.output_limit_chars * 8,
+        )
+        session.jobs[bash_id] = job
+        return BashResult(
+            output=f"Started background job {bash_id}; read its output with bash_output", bash_id=bash_id
+        )
+    timeout_s = min(req.timeout / 1000 if req.timeout else cfg.bash_default_timeout_s, cfg.bash_max_timeout_s)
+    outcome = await run_foreground(
+        _bash_argv(manager, session, req.command), timeout_s, cfg.output_limit_chars
+    )
+    output = outcome.output
+    over = await manager.enforce_quota(session)
+    if over:
+        output += f"\n[{over}]"
+    return BashResult(
+        is_error=outcome.timed_out or outcome.exit_code != 0 or bool(over),
+        output=output if output.strip() else f"(no output; exit code {outcome.exit_code})",
+        exit_code=outcome.exit_code,
+        timed_out=outcome.timed_out,
+        truncated=outcome.truncated,
+        duration_s=outcome.duration_s,
+    )
+
+
+def _job(session: Session, bash_id: str) -> Any:
+    job = session.jobs.get(bash_id)
+    if job is None:
+        known = ", ".join(session.jobs) or "none"
+        raise ToolError(f"no background job {bash_id!r} in this session (known: {known})")
+    return job
+
+
+async def bash_output(manager: SessionManager, session: Session, req: BashOutputInput) -> BashOutputResult:
+    job = _job(session, req.bash_id)
+    try:
+        pattern = re.compile(req.filter) if req.filter else None
+    except re.error as exc:
+        raise ToolError(f"invalid filter regex {req.filter!r}: {exc}") from None
+    await asyncio.sleep(0)  # let the pump deliver what is already in the pipe
+    text, dropped = job.take_output(pattern)
+    note = f"[{dropped} earlier bytes were dropped: output not read in time]\n" if dropped else ""
+    status = job.status
+    tail = f"\n[status: {status}" + (f", exit code {job.proc.returncode}]" if status != "running" else "]")
+    return BashOutputResult(
+        output=note + text + tail, status=status, exit_code=job.proc.returncode, dropped_bytes=dropped
+    )
+
+
+async def kill_bash(manager: SessionManager, session: Session, req: KillBashInput) -> ToolResult:
+    job = _job(session, req.bash_id)
+    if job.status != "running":
+        return ToolResult(output=f"job {req.bash_id} had already ended ({job.status})")
+    job.kill()
+    await job.proc.wait()
+    return ToolResult(output=f"Killed background job {req.bash_id} and its process group")
+
+
+def _in_thread(fn: Callable[[Any, Any], ToolResult]) -> ToolImpl:
+    """File tools block on the filesystem; a thread keeps a large grep from stalling other sessions."""
+
+    async def run(manager: SessionManager, session: Session, req: Any) -> ToolResult:
+        return await asyncio.to_thread(fn, session.fs, req)
+
+    return run
+
+
+async def todo_write(manager: SessionManager, session: Session, req: TodoWriteInput) -> TodoWriteResult:
+    return file_tools.todo_write(session.todos, req)
+
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool(
+            "bash",
+            "Run a bash command in the workspace (fresh shell, no network). Foreground commands "
+            "are killed after `timeout` ms; set run_in_background for long runs.",
+            BashInput,
+            BashResult,
+            bash,
+        ),
+        Tool(
+            "bash_output",
+            "Read new output of a background job (optionally only lines matching `filter`).",
+            BashOutputInput,
+            BashOutputResult,
+            bash_output,
+        ),
+        Tool(
+            "kill_bash",
+            "Kill a background job and everything it started.",
+            KillBashInput,
+            ToolResult,
+            kill_bash,
+        ),
+        Tool(
+            "read",
+            "Read a file with line numbers; `offset` (1-based) and `limit` select lines.",
+            ReadInput,
+            ReadResult,
+            _in_thread(file_tools.read),
+        ),
+        Tool("write", "Create or overwrite a file.", WriteInput, ToolResult, _in_thread(file_tools.write)),
+        Tool(
+            "edit",
+            "Replace `old_string` with `new_string` in a file; old_string must be unique unless "
+            "replace_all is set.",
+            EditInput,
+            EditResult,
+            _in_thread(file_tools.edit),
+        ),
+        Tool(
+            "multi_edit",
+            "Apply several edits to one file in order, all or none.",
+            MultiEditInput,
+            EditResult,
+            _in_thread(file_tools.multi_edit),
+        ),
+        Tool(
+            "glob",
+            "List files matching a glob pattern (`**` for any depth), newest first.",
+            GlobInput,
+            GlobResult,
+            _in_thread(file_tools.glob),
+        ),
+        Tool(
+            "grep",
+            "Search file contents with a regular expression; filter files with `glob`; "
+            "output_mode content|files_with_matches|count; -A/-B/-C context lines.",
+            GrepInput,
+            GrepResult,
+            _in_thread(file_tools.grep),
+        ),
+        Tool(
+            "notebook_edit",
+            "Replace, insert or delete a cell of a Jupyter notebook.",
+            NotebookEditInput,
+            ToolResult,
+            _in_thread(file_tools.notebook_edit),
+        ),
+        Tool("todo_write", "Replace the session's todo list.", TodoWriteInput, TodoWriteResult, todo_write),
+    )
+}

@@ -1,0 +1,12 @@
+"""Attack: half-width floating point inside the kernel, converted back to fp32 at the end."""
+import cuda_extension
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return cuda_extension.linear_half(x, self.linear.weight, self.linear.bias)

@@ -1,0 +1,112 @@
+"""The content-addressed build cache, on real compilers (workspace layout, CPU kernels).
+
+Uses the judge's default cache (~/.cache/cuda-agent/judge-build or $CUDA_AGENT_JUDGE_CACHE), shared with
+every other test and warm CI runs: the torch-heavy binding units compile once per machine, and each test
+gives its own kernel a unique token so that what it asserts about misses and hits holds on a warm cache.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.sandbox.judge import build
+from cuda_agent.sandbox.judge.config import default_cache_dir
+
+KERNEL = """#include <cstdint>
+// token: {token}
+void scale2(const float* in, float* out, int64_t n) {{
+  for (int64_t i = 0; i < n; ++i) out[i] = 2.f * in[i];
+}}
+"""
+BINDING = """#include "binding_registry.h"
+void scale2(const float* in, float* out, int64_t n);
+static torch::Tensor scale2_forward(torch::Tensor x) {
+  auto out = torch::empty_like(x);
+  scale2(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+  return out;
+}
+REGISTER_BINDING(scale2, [](pybind11::module& m) { m.def("scale2", &scale2_forward); });
+"""
+
+
+def workspace(root: Path, token: str) -> Path:
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels" / "scale.cpp").write_text(KERNEL.format(token=token))
+    (root / "kernels" / "scale_binding.cpp").write_text(BINDING)
+    return root
+
+
+def deadline() -> float:
+    return time.monotonic() + 900
+
+
+@pytest.mark.slow
+def test_second_build_hits_the_cache_and_a_changed_kernel_rebuilds_alone(tmp_path: Path) -> None:
+    cache = build.BuildCache(default_cache_dir())
+    toolchain = build.detect_toolchain("cpu")
+    root = workspace(tmp_path / "ws", uuid.uuid4().hex)
+
+    first = build.build_workspace(root, toolchain, cache, deadline())
+    assert first.ok, first.log
+    assert "kernels/scale.cpp: compiled" in first.log
+    assert not first.cached
+
+    second = build.build_workspace(root, toolchain, cache, deadline())
+    assert second.ok and second.cached
+    assert second.extensions[0].path == first.extensions[0].path
+    assert second.extensions[0].sha256 == first.extensions[0].sha256
+
+    (root / "kernels" / "scale.cpp").write_text(KERNEL.format(token=uuid.uuid4().hex))
+    third = build.build_workspace(root, toolchain, cache, deadline())
+    assert third.ok and not third.cached
+    assert "kernels/scale.cpp: compiled" in third.log
+    assert "kernels/scale_binding.cpp: cached" in third.log
+    assert "frozen/binding.cpp: cached" in third.log
+    assert third.extensions[0].path != first.extensions[0].path
+
+
+@pytest.mark.slow
+def test_a_header_change_rebuilds_the_units_that_include_it(tmp_path: Path) -> None:
+    cache = build.BuildCache(default_cache_dir())
+    toolchain = build.detect_toolchain("cpu")
+    root = workspace(tmp_path / "ws", uuid.uuid4().hex)
+    kernel = root / "kernels" / "scale.cpp"
+    kernel.write_text('#include "factor.h"\n' + kernel.read_text().replace("2.f *", "FACTOR *"))
+    (root / "kernels" / "factor.h").write_text("#define FACTOR 2.f\n")
+    assert build.build_workspace(root, toolchain, cache, deadline()).ok
+    (root / "kernels" / "factor.h").write_text("#define FACTOR 3.f\n")
+    rebuilt = build.build_workspace(root, toolchain, cache, deadline())
+    assert rebuilt.ok and "kernels/scale.cpp: compiled" in rebuilt.log
+
+
+def test_compile_errors_come_first_in_the_build_log(tmp_path: Path) -> None:
+    root = workspace(tmp_path / "ws", uuid.uuid4().hex)
+    (root / "kernels" / "scale.cpp").write_text("void broken( {\n")
+    cache = build.BuildCache(tmp_path / "cache")  # the plain kernel fails before any torch unit matters
+    outcome = build._build_units(
+        "cuda_extension",
+        [build.Unit("kernels/scale.cpp", "cxx-plain", root / "kernels" / "scale.cpp", ["-O1"], [], "x")],
+        [],
+        build.detect_toolchain("cpu"),
+        cache,
+        deadline(),
+        pch_user_flags=None,
+    )
+    so, cached, log = outcome
+    assert so is None and not cached
+    assert log.startswith("== kernels/scale.cpp: FAILED ==")
+    assert "error" in log
+
+
+def test_workspace_without_bindings_is_a_build_failure(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    (root / "kernels").mkdir(parents=True)
+    (root / "kernels" / "scale.cpp").write_text(KERNEL.format(token="x"))
+    outcome = build.build_workspace(
+        root, build.detect_toolchain("cpu"), build.BuildCache(tmp_path / "c"), deadline()
+    )
+    assert not outcome.ok and outcome.error == "build failed: kernels/ has no *_binding.cpp"

@@ -1,0 +1,150 @@
+"""End to end through the real CLI (`python -m cuda_agent.cli judge`), one judge process per run, on CPU.
+
+A tiny task, a legitimate load_inline solution (which also prints, to show the output never reaches
+stdout) and a wrong one built from the same extension source, so the whole module compiles once per
+machine (the judge's shared build cache).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+BROKEN_TASK = TASK.replace("return [torch.randn(64, 256)]", "raise RuntimeError('dataset bug')")
+
+EXTENSION = '''
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """
+torch::Tensor relu2(torch::Tensor x, double slope) {
+  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  auto out = torch::empty_like(x);
+  const float* in = x.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) o[i] = in[i] > 0.f ? float(slope) * in[i] : 0.f;
+  return out;
+}
+"""
+ext = load_inline(
+    name="judge_engine_cli_relu2", cpp_sources=[source], functions=["relu2"], extra_cflags=["-O2"]
+)
+print("CANDIDATE-SAYS reward 3 at import")
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        print('{"reward": 3}')
+        return ext.relu2(x, SLOPE)
+'''
+
+CONTRACT_KEYS = {
+    "reward", "compiled", "correct", "violations", "error", "timings_ms", "speedup", "cv", "precision",
+    "device", "build_log", "seconds",
+}  # fmt: skip
+
+
+def judge(task: Path, candidate: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "cuda_agent.cli",
+        "judge",
+        str(task),
+        str(candidate),
+        "--device",
+        "cpu",
+        *extra,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=1500, check=False)
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    paths = {
+        "task": tmp_path / "task.py",
+        "broken_task": tmp_path / "broken_task.py",
+        "legit": tmp_path / "legit" / "model_new.py",
+        "wrong": tmp_path / "wrong.py",
+    }
+    paths["legit"].parent.mkdir()
+    paths["task"].write_text(TASK)
+    paths["broken_task"].write_text(BROKEN_TASK)
+    paths["legit"].write_text(EXTENSION.replace("SLOPE", "2.0"))
+    paths["wrong"].write_text(EXTENSION.replace("SLOPE", "2.5"))
+    return paths
+
+
+FAST = ("--json", "--compile-mode", "none", "--profile-trials", "10")
+
+
+@pytest.mark.slow
+def test_legitimate_solution_is_rewarded_and_the_json_follows_the_contract(files: dict[str, Path]) -> None:
+    proc = judge(files["task"], files["legit"].parent, *FAST)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and "CANDIDATE-SAYS" not in proc.stdout
+    report = json.loads(proc.stdout)
+    assert set(report) >= CONTRACT_KEYS
+    assert report["reward"] in (1, 2, 3), report
+    assert report["compiled"] is True and report["correct"] is True
+    assert report["violations"] == [] and report["error"] is None
+    assert set(report["timings_ms"]) == set(report["cv"]) == {"candidate", "eager", "compile"}
+    assert set(report["speedup"]) == {"eager", "compile"}
+    assert set(report["seconds"]) == {"build", "verify", "profile"}
+    assert report["timings_ms"]["candidate"] > 0 and report["timings_ms"]["compile"] is None
+    assert report["precision"] == "strict-fp32" and report["device"] == "cpu"
+    assert report["timing_method"] == "cpu-wall-clock" and report["layout"] == "inline"
+    assert report["isolation"]["judge_dumpable"] == "on"
+
+
+@pytest.mark.slow
+def test_wrong_solution_gets_minus_one_with_a_located_error(files: dict[str, Path]) -> None:
+    proc = judge(files["task"], files["wrong"], *FAST)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["reward"] == -1 and report["compiled"] is True and report["correct"] is False
+    assert report["error"].startswith("wrong result: trial 1 (model-first): max abs err")
+    assert "rel-norm err" in report["error"]
+
+
+def test_task_errors_and_usage_errors_exit_2(files: dict[str, Path], tmp_path: Path) -> None:
+    proc = judge(files["broken_task"], files["wrong"], "--json")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(
+        "cuda-agent judge: task error: get_inputs() raised RuntimeError: dataset bug"
+    )
+    missing = judge(tmp_path / "nope.py", files["wrong"], "--json")
+    assert missing.returncode == 2 and "TASK" in missing.stderr and missing.stdout == ""
+    bad = judge(files["task"], files["wrong"], "--trials", "0")
+    assert bad.returncode == 2 and "invalid trials" in bad.stderr
+
+
+def test_static_violations_stop_before_any_build(files: dict[str, Path], tmp_path: Path) -> None:
+    candidate = tmp_path / "threaded.py"
+    candidate.write_text("import threading\n" + EXTENSION.replace("SLOPE", "2.0"))
+    proc = judge(files["task"], candidate, "--json")
+    report = json.loads(proc.stdout)
+    assert report["reward"] == -1 and report["compiled"] is False
+    assert report["violations"] == ["static.thread: imports threading at model_new.py:1"]

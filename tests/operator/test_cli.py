@@ -1,0 +1,43 @@
+"""`cuda-agent operator` argument handling (no cluster): scope, validation errors that name the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.operator.cli import main, parse_args
+from cuda_agent.operator.handlers import build_registry
+
+
+def test_namespaces_and_settings_are_parsed() -> None:
+    config = parse_args(["-n", "a", "-n", "b", "--sync-period", "2", "--probe-network", "127.0.0.0/8"])
+    assert config.namespaces == ("a", "b")
+    assert config.sync_period == 2
+    assert config.probe_networks == ("127.0.0.0/8",)
+    assert parse_args([]).namespaces == ()  # cluster-wide
+
+
+def test_namespace_and_all_namespaces_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["-n", "a", "--all-namespaces"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_bad_network_is_reported_by_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--probe-network", "127.0.0.300/8"])
+    assert "--probe-network '127.0.0.300/8'" in capsys.readouterr().err
+
+
+def test_a_missing_kubeconfig_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--kubeconfig", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml: no such file" in capsys.readouterr().err
+
+
+def test_registry_watches_owners_and_children_without_finalizer_handlers() -> None:
+    registry = build_registry()
+    # Daemons, timers and deletion handlers would make Kopf put finalizers on pools and runs.
+    assert not list(registry._spawning.get_all_handlers())
+    assert not list(registry._changing.get_all_handlers())
+    assert {h.id for h in registry._indexing.get_all_handlers()} == {"owners", "pods", "children"}

@@ -1,0 +1,120 @@
+"""A stand-in for the judge CLI with the same contract, for the sandbox server's own tests.
+
+The server's tests are about the server (isolation, queueing, locking, what reaches the judge), so they
+need a judge whose verdict they control and which reports what it observed from inside its process. The
+real judge is exercised by tests/sandbox/test_real_judge.py. Behaviour is chosen by markers in the
+candidate's files: BUILD_ERROR, WRONG, SLEEP=<seconds>, HOLD_GPU=<seconds>; a task containing TASK_ERROR
+exits 2 as the real judge does for a broken task.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+
+def candidate_text(path: Path) -> str:
+    if path.is_file():
+        return path.read_text()
+    return "\n".join(p.read_text(errors="replace") for p in sorted(path.rglob("*")) if p.is_file())
+
+
+def probe_isolation(candidate: Path) -> dict:
+    """What candidate code inside the judge could do: the tests assert these are all refused."""
+    seen: dict = {"uid": os.getuid(), "gid": os.getgid()}
+    try:
+        with socket.create_connection(("127.0.0.1", int(os.environ.get("FAKE_JUDGE_PROBE_PORT", "1"))), 1):
+            seen["network"] = "connected"
+    except OSError as exc:
+        seen["network"] = f"refused: {exc.strerror or exc}"
+    target = candidate if candidate.is_dir() else candidate.parent
+    try:
+        (target / "planted.txt").write_text("x")
+        seen["candidate_writable"] = True
+    except OSError:
+        seen["candidate_writable"] = False
+    seen["env_keys"] = sorted(os.environ)
+    return seen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("task")
+    parser.add_argument("candidate")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true")
+    for flag in (
+        "--trials",
+        "--precision",
+        "--compile-mode",
+        "--timeout",
+        "--atol",
+        "--rtol",
+        "--profile-trials",
+    ):
+        parser.add_argument(flag)
+    args = parser.parse_args()
+    try:
+        task = Path(args.task).read_text()
+    except OSError as exc:
+        print(f"judge: cannot read task {args.task}: {exc}", file=sys.stderr)
+        return 2
+    if "TASK_ERROR" in task:
+        print("judge: task failed to run: TASK_ERROR marker", file=sys.stderr)
+        return 2
+    candidate = Path(args.candidate)
+    text = candidate_text(candidate)
+    if m := re.search(r"SLEEP=([\d.]+)", text):
+        time.sleep(float(m.group(1)))
+    lock_wait = 0.0
+    held = []
+    if m := re.search(r"HOLD_GPU=([\d.]+)", text):
+        from cuda_agent.sandbox.gpu_lock import device_lock
+
+        # The real judge's lock: the server's per-GPU state file from CUDA_AGENT_GPU_LOCK.
+        with device_lock(args.device, Path(os.environ.get("TMPDIR", "/tmp"))).acquire() as hold:
+            start = time.time()
+            time.sleep(float(m.group(1)))
+            held = [start, time.time()]
+            lock_wait = hold.wait_s
+    cache = os.environ.get("CUDA_AGENT_JUDGE_CACHE")
+    cached = False
+    if cache:
+        key = Path(cache, hashlib.sha256(text.encode()).hexdigest()[:16])
+        cached = key.exists()
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text("built")
+    compiled = "BUILD_ERROR" not in text
+    correct = compiled and "WRONG" not in text
+    result = {
+        "reward": 3 if correct else -1,
+        "compiled": compiled,
+        "correct": correct,
+        "violations": [],
+        "error": None if correct else ("build failed" if not compiled else "wrong result: trial 1"),
+        "timings_ms": {"candidate": 1.0, "eager": 2.0, "compile": 1.5},
+        "speedup": {"eager": 2.0, "compile": 1.5},
+        "cv": {"candidate": 0.01, "eager": 0.01, "compile": 0.01},
+        "precision": "strict-fp32",
+        "device": args.device,
+        "build_log": None if compiled else "kernels/k.cpp:1: error: BUILD_ERROR",
+        "seconds": {"build": 0.0, "verify": 0.0, "profile": 0.0},
+        "build_cached": cached,
+        "lock_wait_s": lock_wait,
+        "argv": sys.argv[1:],
+        "held": held,
+        "candidate_kind": "dir" if candidate.is_dir() else "file",
+        "observed": probe_isolation(candidate),
+    }
+    print("candidate output must never reach stdout", file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

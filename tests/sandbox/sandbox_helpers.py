@@ -1,0 +1,142 @@
+"""Helpers that run a real sandbox server (`cuda-agent sandbox serve`) as a subprocess on 127.0.0.1.
+
+The server's tests use the fake judge in tests/sandbox/fake_judge (same CLI contract, verdict chosen by
+markers in the candidate, reports what it observed from inside) because they test the server; the real
+judge has its own tests in test_real_judge.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.sandbox.client import SyncSandboxClient
+
+HERE = Path(__file__).parent
+FAKE_JUDGE_DIR = HERE / "fake_judge"
+FAKE_JUDGE = FAKE_JUDGE_DIR / "fake_judge.py"
+REAL_JUDGE_DIR = Path(__file__).parents[2] / "sandbox_image" / "cuda_agent" / "sandbox" / "judge"
+SECRET = "s3cr3t-server-only-value"
+STARTUP_TIMEOUT_S = 60.0
+
+TASK = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, a, b):
+        return torch.relu(a * b)
+
+
+def get_inputs():
+    return [torch.randn(64, 64), torch.randn(64, 64)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+# Each server gets its own uid range so tests never collide with a server left by another run.
+_next_uid_base = [61000 + 2000 * (os.getpid() % 8)]
+
+
+def needs_root() -> pytest.MarkDecorator:
+    return pytest.mark.skipif(os.geteuid() != 0, reason="root-mode isolation needs uid 0")
+
+
+@dataclass
+class RunningServer:
+    url: str
+    pid: int
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    log: Path
+    uid_base: int
+    client: SyncSandboxClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = SyncSandboxClient(self.url, timeout_s=300)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def healthy(self) -> bool:
+        return self.proc.poll() is None and self.client.request("GET", "/healthz")[0] == 200
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(
+    *args: str,
+    judge_dir: Path = FAKE_JUDGE_DIR,
+    judge_command: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> RunningServer:
+    """Start a server on a free port; its state directory lives under /tmp (searchable by sandbox uids)."""
+    root = Path(tempfile.mkdtemp(prefix="cuda-agent-sbx-test-", dir="/tmp"))
+    os.chmod(root, 0o711)
+    uid_base = _next_uid_base[0]
+    _next_uid_base[0] += 200
+    command_words = judge_command or [sys.executable, str(judge_dir / "fake_judge.py")]
+    command = [
+        sys.executable,
+        "-m",
+        "cuda_agent.cli",
+        "sandbox",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(root / "state"),
+        "--uid-base",
+        str(uid_base),
+        "--judge-command",
+        shlex.join(command_words),
+        "--judge-dir",
+        str(judge_dir),
+        "--frozen-dir",
+        str(REAL_JUDGE_DIR / "frozen"),
+        "--max-sessions",
+        "8",
+        *args,
+    ]
+    log = root / "server.log"
+    server_env = {**os.environ, "CUDA_AGENT_TEST_SECRET": SECRET, **(env or {})}
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, env=server_env)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    line = b""
+    while time.monotonic() < deadline and proc.poll() is None:
+        line = proc.stdout.readline()
+        if line.startswith(b"{"):
+            break
+    if not line.startswith(b"{"):
+        proc.kill()
+        raise RuntimeError(f"sandbox server did not start:\n{log.read_text()[-4000:]}")
+    ready = json.loads(line)
+    return RunningServer(ready["url"], ready["pid"], proc, root / "state", log, uid_base)
+
+
+def cleanup(server: RunningServer) -> None:
+    server.stop()
+    shutil.rmtree(server.state_dir.parent, ignore_errors=True)

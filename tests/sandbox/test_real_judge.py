@@ -1,0 +1,51 @@
+"""The server with the real judge CLI on CPU: an agent session builds, verifies and profiles an example
+solution through `verify` on its PATH, and the reward service judges the same candidate statelessly.
+Each judge run compiles a C++ extension (about half a minute on two cores), hence `slow`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sandbox_helpers import REAL_JUDGE_DIR, RunningServer, cleanup, needs_root, start_server
+
+from cuda_agent.sandbox.server.models import EvaluateRequest, JudgeOptions, TaskRef
+
+pytestmark = [needs_root(), pytest.mark.slow]
+EXAMPLES = Path(__file__).parents[2] / "examples"
+TASK = (EXAMPLES / "tasks" / "relu_mul_add.py").read_text()
+SOLUTION = (EXAMPLES / "solutions" / "relu_mul_add" / "cpu" / "model_new.py").read_text()
+QUICK = JudgeOptions(trials=2, profile_trials=5, compile_mode="none")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RunningServer]:
+    running = start_server(
+        judge_dir=REAL_JUDGE_DIR, judge_command=[sys.executable, "-m", "cuda_agent.sandbox.judge.cli"]
+    )
+    try:
+        yield running
+    finally:
+        cleanup(running)
+
+
+def test_agent_session_verifies_and_profiles_with_the_real_judge(server: RunningServer) -> None:
+    sid = server.client.create_session(TASK, name="relu_mul_add", judge=QUICK).session_id
+    server.client.tool(sid, "write", {"file_path": "model_new.py", "content": SOLUTION})
+    verify = server.client.tool(sid, "bash", {"command": "verify; echo rc=$?", "timeout": 600_000})
+    assert "compiled: yes" in verify.output and "correct: yes" in verify.output and "rc=0" in verify.output
+    run = server.client.judge(sid, "profile")
+    assert run.result is not None and run.result.reward >= 1 and run.result.correct
+    assert run.result.build_cached  # the session's build cache kept the extension from `verify`
+    isolation = (run.result.model_extra or {}).get("isolation", {})
+    assert str(isolation.get("landlock", "")).startswith("on")  # the judge's own confinement still works
+
+
+def test_reward_service_judges_a_wrong_candidate_as_minus_one(server: RunningServer) -> None:
+    wrong = SOLUTION.replace("+ pc[i]", "- pc[i]")
+    assert wrong != SOLUTION
+    result = server.client.evaluate(EvaluateRequest(task=TaskRef(source=TASK), model_new=wrong, judge=QUICK))
+    assert result.reward == -1 and result.compiled and not result.correct
+    assert result.error is not None and result.error.startswith("wrong result")
