@@ -37,8 +37,10 @@ _DOT_DOT = re.compile(r"(^|/)\.\.(/|$)")
 
 
 class SandboxPoolConditionType(StrEnum):
+    """The condition types the operator writes on a SandboxPool."""
+
     READY = "Ready"
-    PROGRESSING = "Progressing"
+    SCALING = "Scaling"
     DEGRADED = "Degraded"
 
 

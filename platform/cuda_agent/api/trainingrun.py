@@ -41,8 +41,11 @@ class TrainingRunPhase(StrEnum):
 
 
 class TrainingRunConditionType(StrEnum):
-    READY = "Ready"
-    PROGRESSING = "Progressing"
+    """The condition types the operator writes on a TrainingRun."""
+
+    PROVISIONING = "Provisioning"
+    WARMING_UP = "WarmingUp"
+    TRAINING = "Training"
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
