@@ -53,6 +53,9 @@ ENV_PASSTHROUGH = (
     "CXX",
     "TRITON_PTXAS_PATH",
     "TRITON_LIBCUDA_PATH",
+    # Task files may size their inputs from it (examples/tasks/README.md); the worker regenerates the
+    # orchestrator's inputs, so both must read the same value. It carries no secret.
+    "CUDA_AGENT_TASK_SCALE",
 )
 
 
