@@ -118,6 +118,7 @@ class Bench:
         self.log_index = 0
         self.rows: list[tuple[str, str, str, str, str, str]] = []
         self.cold_candidate_p50: float | None = None
+        self.breakdowns: list[tuple[str, float, dict[str, float]]] = []
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -185,7 +186,19 @@ class Bench:
             f"cached {report.get('build_cached')}  speedup {report.get('speedup')}",
             flush=True,
         )
+        steps = report.get("steps_s") or {}
+        print("      steps: " + "  ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
         return Evaluation(wall, report, problem)
+
+    def breakdown(self, label: str, evaluations: list[Evaluation]) -> None:
+        """Median seconds per judge step over the successful evaluations of one section."""
+        reports = [ev.report for ev in evaluations if ev.ok and ev.report]
+        if not reports:
+            return
+        names = list(dict.fromkeys(k for r in reports for k in (r.get("steps_s") or {})))
+        walls = [ev.wall_s for ev in evaluations if ev.ok]
+        medians = {n: statistics.median((r.get("steps_s") or {}).get(n, 0.0) for r in reports) for n in names}
+        self.breakdowns.append((label, statistics.median(walls), medians))
 
     def row(
         self, metric: str, value: str, baseline: str = "-", ratio: str = "-", target: str = "-", ok: str = "-"
@@ -242,14 +255,16 @@ class Bench:
 
     def cold_candidates(self) -> None:
         print("cold candidates (new kernel text, warm cache):", flush=True)
-        walls, builds = [], []
+        walls, builds, evaluations = [], [], []
         for _ in range(self.args.runs):
             if self.over_budget():
                 break
             ev = self.judge(self.fresh_candidate(), self.warm_cache, "cold-candidate")
+            evaluations.append(ev)
             if ev.ok and ev.report:
                 walls.append(ev.wall_s)
                 builds.append((ev.report.get("seconds") or {}).get("build", 0.0))
+        self.breakdown("cold candidate", evaluations)
         if walls:
             p50 = statistics.median(walls)
             self.row(
@@ -266,14 +281,16 @@ class Bench:
         print("cached evaluations (same candidate again):", flush=True)
         candidate = self.fresh_candidate()
         self.judge(candidate, self.warm_cache, "cached-warmup")
-        walls, builds = [], []
+        walls, builds, evaluations = [], [], []
         for _ in range(self.args.runs):
             if self.over_budget():
                 break
             ev = self.judge(candidate, self.warm_cache, "cached")
+            evaluations.append(ev)
             if ev.ok and ev.report:
                 walls.append(ev.wall_s)
                 builds.append((ev.report.get("seconds") or {}).get("build", 0.0))
+        self.breakdown("cached", evaluations)
         if walls:
             p50 = statistics.median(walls)
             base = self.cold_candidate_p50
@@ -369,6 +386,17 @@ class Bench:
             f"{parallel_rate / serial_rate:.2f}x" if serial_rate else "-",
         )
 
+    def breakdown_table(self) -> str:
+        """Steps (orchestrator clock; worker.* as the worker reported them, overlapping its parents)."""
+        if not self.breakdowns:
+            return ""
+        names = list(dict.fromkeys(n for _, _, steps in self.breakdowns for n in steps))
+        header = ["step (median s)", *(f"{label} ({wall:.1f} s wall)" for label, wall, _ in self.breakdowns)]
+        rows = [header]
+        rows += [[n, *(f"{steps.get(n, 0.0):.2f}" for _, _, steps in self.breakdowns)] for n in names]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows)
+
     def table(self) -> str:
         header = ("metric", "value", "baseline (same run)", "ratio", "target", "met")
         rows = [header, *self.rows]
@@ -408,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--deps", type=Path, default=None, help="extra directory for PYTHONPATH (e.g. pydantic)"
     )
+    parser.add_argument(
+        "--sections",
+        default="cold,candidate,cached,cv,throughput",
+        help="comma-separated subset of cold,candidate,cached,cv,throughput (the cache warms in the first)",
+    )
     args = parser.parse_args(argv)
 
     bench = Bench(args)
@@ -416,17 +449,29 @@ def main(argv: list[str] | None = None) -> int:
         f"budget {args.budget:.0f} s",
         flush=True,
     )
+    sections = {s.strip() for s in args.sections.split(",") if s.strip()}
+    steps = [
+        ("cold", bench.cold_empty_cache),
+        ("candidate", bench.cold_candidates),
+        ("cached", bench.cached),
+        ("cv", bench.speedup_cv),
+        ("throughput", bench.throughput),
+    ]
+    unknown = sections - {name for name, _ in steps}
+    if unknown:
+        parser.error(f"--sections: unknown {sorted(unknown)}")
     try:
-        bench.cold_empty_cache()
-        bench.cold_candidates()
-        bench.cached()
-        bench.speedup_cv()
-        bench.throughput()
+        for name, section in steps:
+            if name in sections:
+                section()
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
     if bench.over_budget():
         print(f"note: the {args.budget:.0f} s budget ran out; later sections ran fewer times or not at all")
     print()
+    if bench.breakdowns:
+        print(bench.breakdown_table())
+        print()
     print(bench.table())
     print(f"judge_bench: {bench.elapsed():.0f} s")
     return 0 if bench.rows else 1

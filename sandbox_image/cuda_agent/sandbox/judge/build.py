@@ -35,6 +35,7 @@ FROZEN_FILES = ("binding.cpp", "binding_registry.h")
 WORKSPACE_MODULE = "cuda_extension"
 BUILD_LOG_LIMIT = 8192
 HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx")
+BINDING_OPT = "-O1"  # optimisation level of workspace bindings (torch glue) and of their precompiled header
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
@@ -261,31 +262,41 @@ def _torch_cxx_flags(toolchain: Toolchain, module: str) -> list[str]:
 
 
 def _pch_flags(toolchain: Toolchain, user_flags: Sequence[str]) -> list[str]:
-    """Flags that must match between the PCH and its users (GCC rejects a PCH built with other -O0/-m/-f)."""
+    """Flags that must match between the PCH and its users. GCC silently ignores a PCH built at another
+    optimisation level (measured: an -O1 binding against an -O2 PCH compiled as slowly as without one),
+    so the PCH takes the user's last -O flag exactly, along with its -m/-f/-std/-D/-U flags."""
     flags = ["-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", "-std=c++17"]
     for inc in toolchain.torch_includes:
         flags += ["-isystem", inc]
-    optimized = False
+    level: str | None = None
     for flag in user_flags:
         if flag.startswith("-O"):
-            optimized = flag not in ("-O0", "-O")
-            if flag == "-Ofast":
-                flags.append("-Ofast")
+            level = flag
         elif flag.startswith(("-m", "-f", "-std=", "-D", "-U")) and not flag.startswith(
             "-DTORCH_EXTENSION_NAME"
         ):
             flags.append(flag)
-    if optimized and "-Ofast" not in flags:
-        flags.append("-O2")
+    if level is not None:
+        flags.append(level)
     return flags
+
+
+def _pch_source(toolchain: Toolchain) -> str:
+    """torch/extension.h, plus on CUDA the two headers nearly every binding adds (stream and device guard):
+    parsed once here instead of in every binding (they pull in the CUDA runtime and cuBLAS headers)."""
+    lines = ["#pragma once", "#include <torch/extension.h>"]
+    if toolchain.device == "cuda":
+        lines += ["#include <ATen/cuda/CUDAContext.h>", "#include <c10/cuda/CUDAGuard.h>"]
+    return "\n".join(lines) + "\n"
 
 
 def _ensure_pch(
     toolchain: Toolchain, cache: BuildCache, user_flags: Sequence[str], deadline: float
 ) -> tuple[str, Path, str]:
-    """(key, header to -include, log) of the precompiled torch/extension.h for this flag set."""
+    """(key, header to -include, log) of the precompiled torch headers for this flag set."""
     flags = _pch_flags(toolchain, user_flags)
-    key = hashlib.sha256(json.dumps([toolchain.tag, flags]).encode()).hexdigest()[:32]
+    source = _pch_source(toolchain)
+    key = hashlib.sha256(json.dumps([toolchain.tag, flags, source]).encode()).hexdigest()[:32]
     directory = cache.pch_dir(key)
     header = directory / "torch_extension_pch.h"
     gch = directory / "torch_extension_pch.h.gch"
@@ -295,7 +306,7 @@ def _ensure_pch(
         if gch.exists():
             return key, header, ""
         scratch = cache.scratch()
-        (scratch / "torch_extension_pch.h").write_text("#pragma once\n#include <torch/extension.h>\n")
+        (scratch / "torch_extension_pch.h").write_text(source)
         cmd = [
             toolchain.cxx,
             "-x",
@@ -498,13 +509,15 @@ def build_workspace(
     for src in sources["plain"]:
         flags = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
         units.append(Unit(f"kernels/{src.name}", "cxx-plain", src, flags, [kernels_dir], WORKSPACE_MODULE))
-    binding_flags = [*_torch_cxx_flags(toolchain, WORKSPACE_MODULE), "-O2"]
+    # Bindings are host glue (checks, allocation, a launch): -O1 compiles them in about 2/3 of -O2's time
+    # against the PCH (13.1 -> 8.6 s measured) and the reward counts device time only.
+    binding_flags = [*_torch_cxx_flags(toolchain, WORKSPACE_MODULE), BINDING_OPT]
     search = [FROZEN_DIR, kernels_dir]
     for src in [*sources["binding"], FROZEN_DIR / "binding.cpp"]:
         label = f"kernels/{src.name}" if src.parent == kernels_dir else f"frozen/{src.name}"
         units.append(Unit(label, "cxx-torch", src, binding_flags, search, WORKSPACE_MODULE))
     so, cached, log = _build_units(
-        WORKSPACE_MODULE, units, [], toolchain, cache, deadline, pch_user_flags=["-O2"]
+        WORKSPACE_MODULE, units, [], toolchain, cache, deadline, pch_user_flags=[BINDING_OPT]
     )
     if so is None:
         return BuildOutcome(ok=False, log=log, cached=False, error="build failed")

@@ -182,6 +182,8 @@ class JudgeResult(BaseModel):
     profile_trials: int = 0
     seed_id: str | None = None
     isolation: dict[str, str] = Field(default_factory=dict)
+    # Where the wall time went, step by step (orchestrator clock; `worker.*` as the worker reported it).
+    steps_s: dict[str, float] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
 
 

@@ -2,10 +2,11 @@
 candidate code).
 
 hash judge files -> non-dumpable -> secret seed -> task -> private sealed copy -> static screen ->
-references (its own, per trial, plus float64; skipped once the screen has rejected the candidate) ->
-build (collect process + trusted compile) -> device lock -> worker: import, verify trials (fresh
-seeds at trial time, both orders, poisoned memory, refilled buffers), profile (interleaved, device
-time) -> compare against its own references -> milestone reward.
+worker started (boots while the candidate builds) -> build (collect process + trusted compile) ->
+device lock -> references (its own, per trial, plus float64, kept on the device) -> worker: trusted
+torch.compile baseline, candidate import, verify trials (fresh seeds at trial time, both orders,
+poisoned memory, refilled buffers), profile (interleaved, device time) -> compare against its own
+references -> milestone reward. Everything that runs device work holds the device lock.
 Everything in the result comes from this process or from authenticated channel frames.
 """
 
@@ -86,6 +87,7 @@ class TrialReference:
 @dataclass
 class References:
     weight_seed: int
+    warmup_seed: int
     trials: list[TrialReference]
     profile_seed: int
     profile_outputs: list[torch.Tensor]
@@ -100,14 +102,15 @@ def _clone_inputs(inputs: list[Any]) -> list[Any]:
 
 
 def _run_reference(model: torch.nn.Module, inputs: list[Any]) -> tuple[Any, list[torch.Tensor], list[str]]:
-    """(structure, outputs copied to the CPU, the device type each output had)."""
+    """(structure, outputs copied where they were produced, the device type of each). References stay on
+    the device: comparing 100M-element outputs there takes milliseconds, on the host seconds."""
     with torch.no_grad():
         out = model(*inputs)
     try:
         structure, leaves = tensors.flatten(out)
     except tensors.OutputTypeError as exc:
         raise TaskFailure(f"Model.forward returns a non-tensor output ({exc})") from None
-    return structure, [t.detach().to("cpu").clone() for t in leaves], [t.device.type for t in leaves]
+    return structure, [t.detach().clone() for t in leaves], [t.device.type for t in leaves]
 
 
 @dataclass
@@ -125,7 +128,7 @@ def _reference_for(task: Any, model: torch.nn.Module, seed: int, variant: str, d
     itself fail or go non-finite is not valid for this task: fall back to the task's own distribution."""
     for attempt in dict.fromkeys((variant, "task")):
         inputs = task_lib.make_inputs(task, seed, attempt, device)
-        digest = task_lib.input_digest(inputs)
+        digest = task_lib.values_digest(inputs)
         before = _clone_inputs(inputs)
         try:
             structure, outputs, devices = _run_reference(model, inputs)
@@ -204,7 +207,15 @@ def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References
     if device == "cuda":
         torch.cuda.empty_cache()
     return References(
-        weight_seed, trials, profile_seed, profile_outputs, structure, meta, sorted(flags), mutates
+        weight_seed,
+        task_lib.derive_seed(master, "compile-warmup"),
+        trials,
+        profile_seed,
+        profile_outputs,
+        structure,
+        meta,
+        sorted(flags),
+        mutates,
     )
 
 
@@ -217,6 +228,7 @@ class WorkerSession:
     def __init__(self, workspace: isolation.Workspace, config: dict[str, Any], device: str) -> None:
         to_worker_r, to_worker_w = os.pipe()
         to_orch_r, to_orch_w = os.pipe()
+        channel.widen_pipe(to_orch_w)
         self.log = open(workspace.log, "ab")  # noqa: SIM115 - lives as long as the session
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-c", BOOT, str(JUDGE_ROOT), str(to_worker_r), str(to_orch_w)],
@@ -251,7 +263,7 @@ class WorkerSession:
         with contextlib.suppress(BrokenPipeError):
             self.endpoint.send(message)
 
-    def receive(self, expected: str, result: JudgeResult) -> tuple[dict[str, Any], list[bytes]]:
+    def receive(self, expected: str, result: JudgeResult) -> tuple[dict[str, Any], list[bytearray]]:
         """The next frame of type `expected`; anything else ends the run with the matching verdict."""
         try:
             header, blobs = self.endpoint.receive(deadline=self.deadline)
@@ -351,6 +363,19 @@ class JudgeRun:
         self.custom_ops: set[str] = set()
         self.output_digests: dict[str, int] = {}
 
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Add this block's wall time to `steps_s[name]` (the per-step breakdown in the result)."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add_step(name, time.monotonic() - start)
+
+    def add_step(self, name: str, seconds: float) -> None:
+        steps = self.result.steps_s
+        steps[name] = round(steps.get(name, 0.0) + seconds, 4)
+
     # Each step below is called once, in order, from `execute`.
     def load_task(self) -> Any:
         try:
@@ -434,6 +459,7 @@ class JudgeRun:
             raise RunStopped() from None
         finally:
             self.result.seconds.build = time.monotonic() - phase_start
+            self.add_step("build", self.result.seconds.build)
             self.result.build_lock_wait_s = self.cache.lock_wait_s
         self.result.build_log = "".join(logs)[: build.BUILD_LOG_LIMIT + 200] or None
         self.result.build_cached = cached
@@ -460,29 +486,42 @@ class JudgeRun:
             raise RunStopped() from None
         return specs, note
 
-    def _worker_config(
-        self,
-        mode: str,
-        workspace_exts: list[build.BuiltExtension] | None = None,
-        inline_exts: list[build.BuiltExtension] | None = None,
-    ) -> dict[str, Any]:
+    def _worker_config(self, mode: str) -> dict[str, Any]:
+        # The shared torch.compile cache: written only by judge workers before any candidate code runs.
+        baseline_cache = self.cache.root / "baseline"
+        baseline_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         return {
             "type": "config",
             "mode": mode,
             "device": self.cfg.device,
             "precision": self.cfg.precision,
+            "compile_mode": self.cfg.compile_mode,
+            "debug": bool(os.environ.get("CUDA_AGENT_JUDGE_DEBUG")),
+            "baseline_cache": str(baseline_cache) if mode == "judge" else None,
             "home": str(self.workspace.home),
             "candidate_dir": str(self.workspace.candidate),
             "task_source": self.task_source,
             "task_path": str(self.cfg.task),
+        }
+
+    def _load_message(
+        self,
+        refs: References,
+        workspace_exts: list[build.BuiltExtension],
+        inline_exts: list[build.BuiltExtension],
+    ) -> dict[str, Any]:
+        return {
+            "type": "load",
+            "weight_seed": refs.weight_seed,
+            "warmup_seed": refs.warmup_seed,
             "workspace_extensions": [
-                {"name": e.name, "path": e.path, "sha256": e.sha256} for e in workspace_exts or []
+                {"name": e.name, "path": e.path, "sha256": e.sha256} for e in workspace_exts
             ],
-            "inline_artifacts": {e.digest: {"path": e.path, "sha256": e.sha256} for e in inline_exts or []},
+            "inline_artifacts": {e.digest: {"path": e.path, "sha256": e.sha256} for e in inline_exts},
         }
 
     def judge_outputs(
-        self, report: dict[str, Any], blobs: list[bytes], refs: list[torch.Tensor], label: str
+        self, report: dict[str, Any], blobs: list[bytearray], refs: list[torch.Tensor], label: str
     ) -> tuple[list[torch.Tensor] | None, str | None]:
         """Decode and compare one call's outputs; violations go to the result, a wrong value is returned."""
         self.result.violations += report.get("violations", [])
@@ -493,7 +532,9 @@ class JudgeRun:
             self.result.violations.append(f"output-structure: {len(metas)} outputs, expected {len(refs)}")
             return None, None
         try:
-            outputs = [tensors.from_bytes(m, b) for m, b in zip(metas, blobs, strict=True)]
+            outputs = [
+                tensors.from_bytes(m, b).to(r.device) for m, b, r in zip(metas, blobs, refs, strict=True)
+            ]
         except (ValueError, TypeError, AttributeError) as exc:
             self.result.violations.append(f"output-forged: undecodable output ({exc})")
             return None, None
@@ -506,28 +547,44 @@ class JudgeRun:
         phase_start = time.monotonic()
         session.enter("verify", cfg.timeouts.verify, self.deadline)
         try:
-            started, _ = session.receive("started", self.result)
+            with self.step("worker_start"):
+                started, _ = session.receive("started", self.result)
             self.result.isolation.update(started["isolation"])
-            imported, _ = session.receive("imported", self.result)
+            with self.step("candidate_import"):
+                imported, _ = session.receive("imported", self.result)
+            self.add_worker_steps(imported)
+            self.result.notes += [str(n)[:8000] for n in imported.get("notes", [])]
             self.result.violations += imported["violations"]
             self.custom_ops = set(imported.get("custom_ops", []))
             if self.result.violations:
                 return False
-            session.send({"type": "models", "weight_seed": refs.weight_seed})
-            ready, _ = session.receive("ready", self.result)
+            with self.step("models"):
+                session.send({"type": "models", "weight_seed": refs.weight_seed})
+                ready, _ = session.receive("ready", self.result)
             self.result.violations += ready["violations"]
             if self.result.violations:
                 return False
             for trial in refs.trials:
-                session.send(trial.message(refs.structure, refs.meta, refs.mutates_inputs))
-                report, blobs = session.receive("trial_result", self.result)
-                if not self.check_trial(trial, report, blobs):
-                    return False
+                with self.step("trials.worker"):
+                    session.send(trial.message(refs.structure, refs.meta, refs.mutates_inputs))
+                    report, blobs = session.receive("trial_result", self.result)
+                self.add_worker_steps(report)
+                with self.step("trials.compare"):
+                    if not self.check_trial(trial, report, blobs):
+                        return False
             return True
         finally:
             self.result.seconds.verify = time.monotonic() - phase_start
 
-    def check_trial(self, trial: TrialReference, report: dict[str, Any], blobs: list[bytes]) -> bool:
+    def add_worker_steps(self, report: dict[str, Any]) -> None:
+        """The worker's own breakdown (diagnostic only: it comes from the process running candidate code)."""
+        steps = report.get("steps")
+        if isinstance(steps, dict):
+            for name, seconds in steps.items():
+                if isinstance(name, str) and isinstance(seconds, (int, float)):
+                    self.add_step(f"worker.{name[:40]}", float(seconds))
+
+    def check_trial(self, trial: TrialReference, report: dict[str, Any], blobs: list[bytearray]) -> bool:
         cfg = self.cfg
         label = f"trial {trial.index} ({trial.order})"
         if report.get("input_digest") != trial.input_digest:
@@ -553,7 +610,7 @@ class JudgeRun:
         n = len(trial.outputs)
         outputs, wrong = self.judge_outputs(first, blobs[:n], trial.outputs, label)
         if outputs is not None and wrong is None:
-            digest = hashlib.sha256(b"".join(blobs[:n])).hexdigest()
+            digest = task_lib.values_digest(outputs)
             earlier = self.output_digests.get(digest)
             if earlier is not None:
                 self.result.violations.append(
@@ -595,7 +652,6 @@ class JudgeRun:
                 "type": "profile",
                 "seed": refs.profile_seed,
                 "variant": "task",
-                "compile_mode": cfg.compile_mode,
                 "order_seed": refs.profile_seed & 0xFFFFFFFF,
                 "structure": refs.structure,
                 "meta": refs.meta,
@@ -606,6 +662,7 @@ class JudgeRun:
             report, blobs = session.receive("profile_result", self.result)
         finally:
             self.result.seconds.profile = time.monotonic() - phase_start
+        self.add_worker_steps(report)
         self.result.violations += report.get("tamper", [])
         self.result.notes += report.get("notes", [])
         _, wrong = self.judge_outputs(report, blobs, refs.profile_outputs, "profile call")
@@ -646,29 +703,22 @@ class JudgeRun:
         res.isolation["judge_dumpable"] = isolation.make_non_dumpable()
         master = read_master_seed(self.cfg.seed_file)
         res.seed_id = hashlib.sha256(master).hexdigest()[:12]
-        task = self.load_task()
+        with self.step("task"):
+            task = self.load_task()
         if not self.cfg.candidate.exists():
             raise UsageError(f"CANDIDATE {self.cfg.candidate} does not exist")
         try:
             self.workspace = isolation.make_workspace(self.cfg.candidate)
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read CANDIDATE {self.cfg.candidate}: {exc}") from None
-        reference_seconds = 0.0
         try:
-            # The screen runs before the (device-heavy) references: a candidate it rejects earns -1 in
-            # about a second instead of paying for reference forwards and a worker it would never get.
-            res.violations += self.screen(self.workspace)
-            isolation.seal(self.workspace.candidate)
+            # The screen runs first: a candidate it rejects earns -1 in about a second, without
+            # reference forwards or a worker it would never get.
+            with self.step("screen"):
+                res.violations += self.screen(self.workspace)
+                isolation.seal(self.workspace.candidate)
             if not res.violations:
-                verify_start = time.monotonic()
-                try:
-                    with contextlib.redirect_stdout(sys.stderr):
-                        refs = compute_references(task, master, self.cfg)
-                except task_lib.TaskError as exc:
-                    raise TaskFailure(str(exc)) from None
-                res.task_flags = refs.flags
-                reference_seconds = time.monotonic() - verify_start
-                self.judge_candidate(refs)
+                self.judge_candidate(task, master)
         except RunStopped:
             pass
         finally:
@@ -676,7 +726,7 @@ class JudgeRun:
                 res.notes.append(f"work directory kept (CUDA_AGENT_JUDGE_KEEP): {self.workspace.root}")
             else:
                 self.workspace.cleanup()
-        res.seconds.verify += reference_seconds
+        res.seconds.verify += res.steps_s.get("references", 0.0)
         if hash_judge_files() != judge_hashes:
             res.violations.append("judge-tampered: the judge's files changed during the run")
         res.violations = list(dict.fromkeys(res.violations))
@@ -690,25 +740,42 @@ class JudgeRun:
         )
         return res
 
-    def judge_candidate(self, refs: References) -> None:
+    def judge_candidate(self, task: Any, master: bytes) -> None:
         toolchain = build.detect_toolchain(self.cfg.device)
-        workspace_exts, inline_exts = self.build_candidate(self.workspace, toolchain)
-        self.global_kernels = sorted({k for e in workspace_exts + inline_exts for k in e.kernels})
-        config = self._worker_config("judge", workspace_exts, inline_exts)
-        # The worker starts inside the lock: importing the candidate may already run device code.
-        with self.device_lock("verify"):
-            session = WorkerSession(self.workspace, config, self.cfg.device)
-            try:
+        # The worker boots (python, torch, CUDA context, Landlock; no candidate code, no kernels) while
+        # the candidate builds on the CPU; it waits for "load", which is sent under the device lock.
+        session = WorkerSession(self.workspace, self._worker_config("judge"), self.cfg.device)
+        try:
+            workspace_exts, inline_exts = self.build_candidate(self.workspace, toolchain)
+            self.global_kernels = sorted({k for e in workspace_exts + inline_exts for k in e.kernels})
+            # Everything that runs device work happens under the lock: the references, the trusted
+            # compile of the baseline, the candidate's import (which may launch kernels), verify, profile.
+            with self.device_lock("verify"):
+                refs = self.references(task, master)
+                # No frame from the worker legitimately carries a blob larger than the largest output.
+                largest = max((t.nbytes for t in [*refs.trials[0].outputs, *refs.profile_outputs]), default=0)
+                session.endpoint.max_blob_bytes = max(largest, 1 << 20)
+                session.send(self._load_message(refs, workspace_exts, inline_exts))
                 if not self.verify(session, refs):
                     return
                 self.result.correct = True
                 self.profile(session, refs)
                 if self.result.error is None:
-                    session.send({"type": "finish"})
-                    bye, _ = session.receive("bye", self.result)
+                    with self.step("finish"):
+                        session.send({"type": "finish"})
+                        bye, _ = session.receive("bye", self.result)
                     self.result.violations += bye.get("tamper", [])
-            finally:
-                session.close()
+        finally:
+            session.close()
+
+    def references(self, task: Any, master: bytes) -> References:
+        try:
+            with contextlib.redirect_stdout(sys.stderr), self.step("references"):
+                refs = compute_references(task, master, self.cfg)
+        except task_lib.TaskError as exc:
+            raise TaskFailure(str(exc)) from None
+        self.result.task_flags = refs.flags
+        return refs
 
     @contextlib.contextmanager
     def device_lock(self, phase: str) -> Iterator[None]:

@@ -1,8 +1,10 @@
 """KernelBench-format tasks: loading, secret per-trial seeds, input generation, precision policy.
 
-Orchestrator and worker both call `make_inputs(task, seed, variant, device)`: inputs are generated on the
-CPU from the trial seed and then moved, so the worker regenerates bit-identical inputs from a seed it
-receives only when the trial starts, and the orchestrator's reference matches them exactly.
+Orchestrator and worker both call `make_inputs(task, seed, variant, device)`: inputs are generated from
+the trial seed on the target device (on the CPU where the task's get_inputs() cannot run there), so the
+worker regenerates bit-identical inputs from a seed it receives only when the trial starts, and the
+orchestrator's reference matches them exactly. Generating 100M-element inputs on the host cost seconds
+per trial on the H200 host; on the device it costs milliseconds.
 """
 
 from __future__ import annotations
@@ -62,47 +64,88 @@ def seed_everything(seed: int) -> None:
 def _redraw(x: torch.Tensor, variant: str, gen: torch.Generator) -> torch.Tensor:
     if variant == "task" or not x.is_floating_point() or x.numel() == 0:
         return x
-    base = x.detach().to("cpu", torch.float64)
+    base = x.detach().to(torch.float64)
     if variant == "uniform":
         lo, hi = float(base.min()), float(base.max())
         if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
             return x
-        fresh = torch.rand(base.shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
+        fresh = torch.rand(base.shape, generator=gen, dtype=torch.float64, device=x.device) * (hi - lo) + lo
     elif variant == "scaled":
-        u = float(torch.rand((), generator=gen, dtype=torch.float64))
+        u = float(torch.rand((), generator=gen, dtype=torch.float64, device=x.device))
         fresh = base * math.exp(math.log(0.25) + u * math.log(16.0))
     else:
         raise ValueError(f"unknown input variant {variant!r}")
-    return fresh.to(dtype=x.dtype, device=x.device)
+    return fresh.to(dtype=x.dtype)
 
 
-def make_inputs(task: types.ModuleType, seed: int, variant: str, device: str) -> list[Any]:
-    """The task's inputs for one trial: seeded get_inputs(), the variant's redraw, then moved to device."""
+def _task_inputs(task: types.ModuleType, seed: int, device: str) -> list[Any]:
+    """Seeded get_inputs() with tensor factories defaulting to `device`; a task whose get_inputs() cannot
+    run that way (a CPU generator, numpy) runs on the CPU instead, the same way in every process."""
+    if device != "cpu":
+        seed_everything(seed)
+        try:
+            with torch.device(device):
+                return _checked_list(task.get_inputs())
+        except TaskError:
+            raise
+        except Exception:
+            pass
     seed_everything(seed)
     try:
         raw = task.get_inputs()
     except Exception as exc:
         raise TaskError(f"get_inputs() raised {type(exc).__name__}: {exc}") from exc
+    return _checked_list(raw)
+
+
+def _checked_list(raw: Any) -> list[Any]:
     if not isinstance(raw, (list, tuple)):
         raise TaskError(f"get_inputs() returned {type(raw).__name__}, expected a list")
-    gen = torch.Generator().manual_seed(seed ^ 0x5DEECE66D)
+    return list(raw)
+
+
+def make_inputs(task: types.ModuleType, seed: int, variant: str, device: str) -> list[Any]:
+    """The task's inputs for one trial: seeded get_inputs(), the variant's redraw, on `device`."""
+    # One generator shared by all tensors in order, so two same-shaped inputs get independent redraws.
+    gen = torch.Generator(device=device).manual_seed(seed ^ 0x5DEECE66D)
     inputs: list[Any] = []
-    for x in raw:
+    for x in _task_inputs(task, seed, device):
         if isinstance(x, torch.Tensor):
-            x = _redraw(x.detach(), variant, gen).to(device)
+            x = _redraw(x.detach().to(device), variant, gen)
         inputs.append(x)
     return inputs
 
 
-def input_digest(inputs: list[Any]) -> str:
-    """Fingerprint of one trial's inputs: the worker's regenerated inputs must match the orchestrator's."""
+# Position weights of the device-side checksum: a 31-bit prime modulus keeps every product below 2**62.
+_CHECKSUM_MODULUS = 2147483629
+
+
+def _device_checksum(flat: torch.Tensor) -> bytes:
+    """Sum and position-weighted sum of the raw 32-bit words (8-bit for odd sizes), computed where the
+    tensor lives: 16 bytes cross to the host instead of the whole tensor."""
+    raw = flat.view(torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+    values = words.to(torch.int64)
+    weights = torch.arange(1, values.numel() + 1, device=flat.device, dtype=torch.int64) % _CHECKSUM_MODULUS
+    total, weighted = int(values.sum()), int((values * weights).sum())
+    return total.to_bytes(16, "little", signed=True) + weighted.to_bytes(16, "little", signed=True)
+
+
+def values_digest(values: list[Any]) -> str:
+    """Fingerprint of a list of values, computed where the tensors live. Used to check that the worker
+    regenerated the orchestrator's inputs (reproducibility, not a defence: the worker runs candidate
+    code) and to spot a candidate returning an earlier trial's outputs."""
     digest = hashlib.sha256()
-    for x in inputs:
+    for x in values:
         if isinstance(x, torch.Tensor):
-            digest.update(f"{x.dtype}{tuple(x.shape)}".encode())
-            flat = x.detach().to("cpu").contiguous().reshape(-1)
-            if flat.numel():
+            digest.update(f"{x.dtype}{tuple(x.shape)}{x.device.type}".encode())
+            flat = x.detach().contiguous().reshape(-1)
+            if not flat.numel():
+                continue
+            if flat.device.type == "cpu":
                 digest.update(flat.view(torch.uint8).numpy().tobytes())
+            else:
+                digest.update(_device_checksum(flat))
         else:
             digest.update(repr(x).encode())
     return digest.hexdigest()

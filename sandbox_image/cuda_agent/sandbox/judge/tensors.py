@@ -41,15 +41,22 @@ def tensor_meta(t: torch.Tensor) -> dict[str, Any]:
     return {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "device": t.device.type}
 
 
-def to_bytes(t: torch.Tensor) -> bytes:
-    """Raw little-endian bytes of a tensor's values in row-major order (copied to the CPU)."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
+def to_bytes(t: torch.Tensor) -> memoryview:
+    """Raw little-endian bytes of a tensor's values in row-major order, copied to the host (through pinned
+    memory from a GPU: a pageable copy of a fresh buffer ran at ~0.6 GB/s on the H200 host)."""
+    flat = t.detach().contiguous().reshape(-1)
     if flat.numel() == 0:
-        return b""
-    return flat.view(torch.uint8).numpy().tobytes()
+        return memoryview(b"")
+    raw = flat.view(torch.uint8)
+    if raw.device.type == "cpu":
+        host = raw.clone()
+    else:
+        host = torch.empty(raw.numel(), dtype=torch.uint8, pin_memory=True)
+        host.copy_(raw)
+    return host.numpy().data
 
 
-def from_bytes(meta: dict[str, Any], blob: bytes) -> torch.Tensor:
+def from_bytes(meta: dict[str, Any], blob: bytes | bytearray) -> torch.Tensor:
     dtype = getattr(torch, str(meta["dtype"]))
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {meta['dtype']!r}")
@@ -62,7 +69,7 @@ def from_bytes(meta: dict[str, Any], blob: bytes) -> torch.Tensor:
         raise ValueError(f"{len(blob)} bytes for shape {shape} of {meta['dtype']}")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+    raw = torch.frombuffer(blob if isinstance(blob, bytearray) else bytearray(blob), dtype=torch.uint8)
     return raw.view(dtype).reshape(shape)
 
 

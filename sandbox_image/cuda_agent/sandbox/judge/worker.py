@@ -6,18 +6,27 @@ reads the channel key, confines itself (Landlock, no core dumps), binds the judg
 fingerprints everything a candidate could patch. It receives each trial's seed only when the trial
 starts, regenerates the inputs, runs the candidate under the recorders and sends raw outputs and
 observations back; it never sees a reference output and never decides the reward.
-Modes: "collect" (build phase: record load_inline sources) and "judge" (verify + profile).
+Modes: "collect" (build phase: record load_inline sources) and "judge" (verify + profile). A judge
+worker is started while the candidate builds; it boots (torch, CUDA context, Landlock) and waits for
+"load". Then, still before any candidate code exists in the process, it compiles the torch.compile
+baseline against the judge's shared inductor cache, seals that cache with a second Landlock layer, and
+only then loads the candidate's extensions and imports model_new.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import cProfile
+import importlib
 import importlib.util
+import io
 import os
+import pstats
 import sys
 import time
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +83,24 @@ class Worker:
         self.model: torch.nn.Module | None = None
         self.model_new: torch.nn.Module | None = None
         self.model_new_cls: type | None = None
+        self.compiled: Callable[..., Any] | None = None
+        self.baseline_notes: list[str] = []
+        # Only a judge worker compiles the baseline; a collect worker runs candidate code from the start.
+        self.shared_cache = bool(config.get("baseline_cache")) and config["mode"] == "judge"
+        self.steps: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Time a block for the orchestrator's per-step breakdown (sent, then reset, with each result)."""
+        start = _monotonic()
+        try:
+            yield
+        finally:
+            self.steps[name] = self.steps.get(name, 0.0) + _monotonic() - start
+
+    def take_steps(self) -> dict[str, float]:
+        steps, self.steps = self.steps, {}
+        return steps
 
     # -- start-up -------------------------------------------------------------------------------------------
     def isolate(self) -> dict[str, str]:
@@ -81,10 +108,77 @@ class Worker:
         report = {"worker_dumpable": isolation.make_non_dumpable()}
         if self.device == "cuda":
             torch.empty(1, device="cuda")  # open the device nodes before the filesystem is confined
-        report["landlock"] = isolation.confine_writes([self.home], [Path("/dev")])
+        writable = [self.home]
+        if self.shared_cache:
+            writable.append(Path(self.config["baseline_cache"]))
+        report["landlock"] = isolation.confine_writes(writable, [Path("/dev")])
+        # The shared cache is used only where a second Landlock layer can seal it before candidate code.
+        self.shared_cache = self.shared_cache and report["landlock"].startswith("on")
         os.chdir(self.candidate_dir)
-        sys.path.append(str(self.candidate_dir))
         return report
+
+    def preload(self) -> None:
+        """Import what the trusted compile needs while the candidate is still building (host work only)."""
+        if self.config.get("compile_mode", "none") == "none":
+            return
+        with self.step("preload"):
+            try:
+                importlib.import_module("torch._inductor.compile_fx")
+                importlib.import_module("torch._inductor.codecache")
+                if self.device == "cuda":
+                    importlib.import_module("torch._inductor.runtime.triton_heuristics")
+            except Exception as exc:  # the compile step reports inductor problems itself
+                self.baseline_notes.append(f"inductor preload failed: {type(exc).__name__}: {exc}")
+
+    def compile_baseline(self, weight_seed: int, warmup_seed: int) -> None:
+        """torch.compile the task's Model before any candidate code runs (trusted phase), on warm-up
+        inputs of the profile's shapes from a non-secret seed. With Landlock, inductor and triton use the
+        judge's shared cache, writable only now: a warm cache makes this ~1 s instead of seconds."""
+        assert self.task is not None
+        mode = self.config.get("compile_mode", "none")
+        if mode == "none":
+            return
+        cache = Path(self.config["baseline_cache"]) if self.shared_cache else self.home
+        private = {
+            "TORCHINDUCTOR_CACHE_DIR": self.home / "inductor",
+            "TRITON_CACHE_DIR": self.home / "triton",
+        }
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
+        os.environ["TRITON_CACHE_DIR"] = str(cache / "triton")
+        start = _monotonic()
+        profiler = cProfile.Profile() if self.config.get("debug") else None
+        try:
+            model = task_lib.build_model(self.task, self.task.Model, weight_seed, self.device)
+            inputs = task_lib.make_inputs(self.task, warmup_seed, "task", self.device)
+            compiled = torch.compile(model, mode=mode)
+            if profiler is not None:
+                profiler.enable()
+            with _no_grad():
+                compiled(*inputs)
+            if profiler is not None:
+                profiler.disable()
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+                self.baseline_notes.append("debug: compile profile\n" + text.getvalue()[-6000:])
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            self.compiled = compiled
+            where = "shared judge cache" if self.shared_cache else "private cache"
+            self.baseline_notes.append(
+                f"torch.compile baseline ({mode}) compiled before candidate code in "
+                f"{_monotonic() - start:.1f} s ({where})"
+            )
+        except Exception as exc:  # inductor unusable here: no compile timing, never a crash
+            self.baseline_notes.append(f"torch.compile unavailable: {type(exc).__name__}: {str(exc)[:300]}")
+        finally:
+            self.steps["compile_baseline"] = _monotonic() - start
+            # Any later (re)compile writes to the private cache; the shared one is sealed below.
+            for key, value in private.items():
+                os.environ[key] = str(value)
+        if self.shared_cache:
+            sealed = isolation.confine_writes([self.home], [Path("/dev")])
+            if not sealed.startswith("on"):
+                raise RuntimeError(f"could not seal the shared baseline cache: {sealed}")
 
     def import_candidate(self) -> types.ModuleType:
         path = self.candidate_dir / "model_new.py"
@@ -113,12 +207,16 @@ class Worker:
             error = str(exc)
         self.ep.send({"type": "collected", "specs": records, "import_error": error})
 
-    def load(self) -> None:
+    def load(self, msg: dict[str, Any]) -> None:
+        """Trusted preparation (task, precision, compile baseline), then the candidate's code."""
         cfg = self.config
         self.task = task_lib.load_task(cfg["task_source"], cfg["task_path"])
         task_lib.apply_precision(cfg["precision"])
         if self.device == "cpu":
             torch.set_num_threads(1)
+        self.compile_baseline(int(msg["weight_seed"]), int(msg["warmup_seed"]))
+        cfg.update(workspace_extensions=msg["workspace_extensions"], inline_artifacts=msg["inline_artifacts"])
+        sys.path.append(str(self.candidate_dir))
         self.registry = recorder.ExtensionRegistry()
         ext_dir = self.home / "ext"
         for ext in cfg["workspace_extensions"]:
@@ -146,6 +244,8 @@ class Worker:
                 "violations": violations,
                 "ext_functions": sorted(self.registry.functions.values()),
                 "custom_ops": sorted(self.registry.custom_ops),
+                "notes": self.baseline_notes,
+                "steps": self.take_steps(),
             }
         )
 
@@ -209,12 +309,15 @@ class Worker:
 
     def one_call(
         self, inputs: list[Any], msg: dict[str, Any], label: str, observe: bool
-    ) -> tuple[dict[str, Any], list[bytes]]:
+    ) -> tuple[dict[str, Any], list[memoryview]]:
         """One candidate call with poisoned memory and all output/input checks; raw outputs as blobs."""
         assert self.model_new is not None and self.registry is not None
         meta, structure = msg["meta"], msg["structure"]
         tensor_inputs = [x for x in inputs if type(x) is torch.Tensor]
-        recorder.poison_free_memory(self.device, [*msg["output_bytes"], *(x.nbytes for x in tensor_inputs)])
+        with self.step("poison"):
+            recorder.poison_free_memory(
+                self.device, [*msg["output_bytes"], *(x.nbytes for x in tensor_inputs)]
+            )
         before = [_clone(x) for x in tensor_inputs]
         violations: list[str] = []
         early: list[torch.Tensor] = []
@@ -228,7 +331,7 @@ class Worker:
                 early.extend(_clone(t) for t in leaves)
 
         report: dict[str, Any] = {"label": label}
-        with _no_grad():
+        with _no_grad(), self.step("observed_call" if observe else "call"):
             if observe:
                 record = guarded(
                     f"ModelNew.forward ({label})",
@@ -271,24 +374,30 @@ class Worker:
         if leaves is None or violations:
             return report, []
         report["outputs"] = [tensors.tensor_meta(t) for t in leaves]
-        return report, [tensors.to_bytes(t) for t in leaves]
+        with self.step("to_bytes"):
+            return report, [tensors.to_bytes(t) for t in leaves]
 
     def trial(self, msg: dict[str, Any]) -> None:
         assert self.task is not None and self.model is not None and self.fingerprints is not None
-        inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
-        digest = task_lib.input_digest(inputs)
+        with self.step("inputs"):
+            inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
+            digest = task_lib.values_digest(inputs)
         if msg["order"] == "model-first":
-            with _no_grad():
+            with _no_grad(), self.step("model_first"):
                 scratch = self.model(*[_clone(x) if type(x) is torch.Tensor else x for x in inputs])
             del scratch
         first, blobs = self.one_call(inputs, msg, "fresh inputs", observe=True)
         second: dict[str, Any] = {}
         if not first["violations"] and blobs:
             # Same buffers, new values: a candidate that caches by pointer or shape returns stale outputs.
-            fresh = task_lib.make_inputs(self.task, int(msg["refill_seed"]), msg["refill_variant"], "cpu")
-            for x, new in zip(inputs, fresh, strict=True):
-                if type(x) is torch.Tensor:
-                    _copy(x, new)
+            with self.step("inputs"):
+                fresh = task_lib.make_inputs(
+                    self.task, int(msg["refill_seed"]), msg["refill_variant"], self.device
+                )
+                for x, new in zip(inputs, fresh, strict=True):
+                    if type(x) is torch.Tensor:
+                        _copy(x, new)
+                del fresh
             second, refill_blobs = self.one_call(inputs, msg, "inputs refilled in place", observe=False)
             blobs = blobs + refill_blobs
         tampering = self.fingerprints.changes()
@@ -300,6 +409,7 @@ class Worker:
                 "first": first,
                 "second": second,
                 "tamper": tampering,
+                "steps": self.take_steps(),
             },
             blobs,
         )
@@ -319,39 +429,43 @@ class Worker:
         notes: list[str] = []
         compile_seconds = None
         with _no_grad():
-            for _ in range(settings["warmup"]):
-                candidate(*inputs)
-                self.model(*inputs)
+            with self.step("warmup"):
+                for _ in range(settings["warmup"]):
+                    candidate(*inputs)
+                    self.model(*inputs)
             pre_compile_tampering = self.fingerprints.changes()
-            if msg["compile_mode"] != "none":
+            if self.compiled is not None:
                 start = _monotonic()
                 try:
-                    compiled = torch.compile(self.model, mode=msg["compile_mode"])
                     for _ in range(settings["warmup"]):
-                        compiled(*inputs)
-                    fns["compile"] = compiled
+                        self.compiled(*inputs)
+                    fns["compile"] = self.compiled
                     compile_seconds = _monotonic() - start
-                except Exception as exc:  # inductor unusable here: no compile timing, never a crash
+                except Exception as exc:  # e.g. a recompile that inductor cannot do here: no compile timing
                     notes.append(f"torch.compile unavailable: {type(exc).__name__}: {str(exc)[:300]}")
-                # torch.compile patches nn.Module itself; only candidate code runs after this point.
+                # A (re)compile may patch nn.Module itself; only candidate code runs after this point.
                 self.fingerprints.rebaseline()
+                self.steps["compile_warmup"] = _monotonic() - start
             if self.device == "cuda":
                 torch.cuda.synchronize()
                 seed = int(msg["order_seed"])
-                result: dict[str, Any] = {
-                    "method": "cuda-profiler-device-time",
-                    "device": timing.cuda_device_times(
-                        fns, inputs, settings["trials"], settings["l2_flush_bytes"], seed
-                    ),
-                    "latency": timing.cuda_event_latency(
-                        fns, inputs, settings["trials"], settings["l2_flush_bytes"], seed
-                    ),
-                    "host": timing.host_per_call_ms(
+                trials, flush = settings["trials"], settings["l2_flush_bytes"]
+                with self.step("device_times"):
+                    device_times = timing.cuda_device_times(fns, inputs, trials, flush, seed)
+                with self.step("latency"):
+                    latency = timing.cuda_event_latency(fns, inputs, trials, flush, seed)
+                with self.step("host_check"):
+                    host = timing.host_per_call_ms(
                         {k: fns[k] for k in ("candidate", "eager")},
                         inputs,
                         settings["host_calls"],
                         settings["host_rounds"],
-                    ),
+                    )
+                result: dict[str, Any] = {
+                    "method": "cuda-profiler-device-time",
+                    "device": device_times,
+                    "latency": latency,
+                    "host": host,
                 }
             else:
                 wall = timing.cpu_wall_times(
@@ -373,12 +487,17 @@ class Worker:
             violations=violations,
             outputs=[tensors.tensor_meta(t) for t in leaves] if blobs and leaves else [],
             tamper=pre_compile_tampering + self.fingerprints.changes(),
+            steps=self.take_steps(),
         )
         self.ep.send(result, blobs)
 
     # -- command loop ---------------------------------------------------------------------------------------
     def serve(self) -> None:
-        self.load()
+        self.preload()
+        msg, _ = self.ep.receive()
+        if msg.get("type") != "load":
+            return
+        self.load(msg)
         while True:
             msg, _ = self.ep.receive()
             kind = msg.get("type")
