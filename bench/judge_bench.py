@@ -8,6 +8,7 @@ Measures (targets from the judge issue):
   cold, empty cache       a fresh --cache-dir: toolchain probe, precompiled torch header, every object
   cold candidate          a never-seen candidate (nonce in every kernel source) with a warm cache: the
                           reinforcement-learning case, where each rollout brings new kernel text   <= 15 s p50
+  new kernel              new .cu text, bindings unchanged (an agent iterating on its kernels)    <= 15 s p50
   cached                  the same candidate again (all objects and the link cached)               <= 2 s p50
   speedup CV              10 re-evaluations of one kernel: CV of speedup vs eager and vs compile   <= 1 %
   evaluations / GPU-hour  fresh candidates with several builds in flight, vs one at a time
@@ -126,12 +127,14 @@ class Bench:
     def over_budget(self) -> bool:
         return self.elapsed() > float(self.args.budget)
 
-    def fresh_candidate(self) -> Path:
-        """A copy of the solution whose kernel sources carry a nonce: new content, so nothing is cached."""
+    def fresh_candidate(self, suffixes: tuple[str, ...] = (".cu", ".cpp", ".h", ".cuh")) -> Path:
+        """A copy of the solution whose sources with these suffixes carry a nonce: new content, so
+        nothing built from them is cached (by default every source: kernels and bindings)."""
         target = self.work / "candidates" / uuid.uuid4().hex[:12]
         shutil.copytree(self.solution, target)
         for source in (target / "kernels").iterdir():
-            source.write_text(source.read_text() + f"\n// bench nonce {uuid.uuid4().hex}\n")
+            if source.suffix in suffixes:
+                source.write_text(source.read_text() + f"\n// bench nonce {uuid.uuid4().hex}\n")
         return target
 
     def judge(self, candidate: Path, cache: Path, label: str) -> Evaluation:
@@ -276,6 +279,30 @@ class Bench:
                 "yes" if p50 <= 15 else "NO",
             )
         self.cold_candidate_p50 = statistics.median(walls) if walls else None
+
+    def new_kernels(self) -> None:
+        """New kernel text with the bindings unchanged: an agent iterating on its .cu files."""
+        print("new kernels (new .cu text, bindings unchanged, warm cache):", flush=True)
+        walls, builds, evaluations = [], [], []
+        for _ in range(self.args.runs):
+            if self.over_budget():
+                break
+            ev = self.judge(self.fresh_candidate((".cu", ".cuh")), self.warm_cache, "new-kernel")
+            evaluations.append(ev)
+            if ev.ok and ev.report:
+                walls.append(ev.wall_s)
+                builds.append((ev.report.get("seconds") or {}).get("build", 0.0))
+        self.breakdown("new kernel", evaluations)
+        if walls:
+            p50 = statistics.median(walls)
+            self.row(
+                "new kernel, same bindings (p50 s)",
+                f"{p50:.1f} (build {statistics.median(builds):.1f})",
+                "-",
+                "-",
+                "<= 15",
+                "yes" if p50 <= 15 else "NO",
+            )
 
     def cached(self) -> None:
         print("cached evaluations (same candidate again):", flush=True)
@@ -438,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sections",
-        default="cold,candidate,cached,cv,throughput",
-        help="comma-separated subset of cold,candidate,cached,cv,throughput (the cache warms in the first)",
+        default="cold,candidate,kernel,cached,cv,throughput",
+        help="comma-separated subset of cold,candidate,kernel,cached,cv,throughput (in this order)",
     )
     args = parser.parse_args(argv)
 
@@ -453,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [
         ("cold", bench.cold_empty_cache),
         ("candidate", bench.cold_candidates),
+        ("kernel", bench.new_kernels),
         ("cached", bench.cached),
         ("cv", bench.speedup_cv),
         ("throughput", bench.throughput),

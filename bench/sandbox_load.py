@@ -207,7 +207,12 @@ async def judge_throughput(client: SandboxClient, concurrency: int, runs: int, d
     ]  # type: ignore[arg-type]
     for s in sessions:
         await client.tool(s.session_id, "write", {"file_path": "model_new.py", "content": solution})
+    warm_start = time.monotonic()
     await asyncio.gather(*(client.judge(s.session_id, "profile") for s in sessions))  # builds, caches
+    print(
+        f"  {concurrency} session(s): warm-up judge runs took {time.monotonic() - warm_start:.1f} s",
+        flush=True,
+    )
 
     async def loop(sid: str) -> None:
         for _ in range(runs):
@@ -220,7 +225,12 @@ async def judge_throughput(client: SandboxClient, concurrency: int, runs: int, d
     elapsed = time.monotonic() - start
     for s in sessions:
         await client.delete_session(s.session_id)
-    return concurrency * runs / elapsed
+    rate = concurrency * runs / elapsed
+    print(
+        f"  {concurrency} session(s): {concurrency * runs} timed runs in {elapsed:.1f} s ({rate:.3f}/s)",
+        flush=True,
+    )
+    return rate
 
 
 async def run_gpu_throughput(url: str, args: argparse.Namespace) -> None:
@@ -275,6 +285,8 @@ def main() -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=60)
+        if os.environ.get("OUT") and (root / "server.log").exists():  # the device tool's result folder
+            shutil.copy(root / "server.log", Path(os.environ["OUT"]) / "sandbox_server.log")
         shutil.rmtree(root, ignore_errors=True)
     return 0
 

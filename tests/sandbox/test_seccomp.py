@@ -173,3 +173,50 @@ def test_filter_rejects_unknown_architectures() -> None:
     with pytest.raises(ValueError, match="no seccomp syscall table"):
         build_filter(FilterPolicy(), arch="riscv64")
     assert len(build_filter(FilterPolicy(), arch="aarch64")) % 8 == 0
+
+
+HIDE_PROBE = r"""
+import json, os, sys
+directory, file = sys.argv[1], sys.argv[2]
+result = {"dir_listing": None, "file_text": None}
+try:
+    result["dir_listing"] = os.listdir(directory)
+except OSError as exc:
+    result["dir_listing"] = type(exc).__name__
+with open(file) as handle:
+    result["file_text"] = handle.read()
+print(json.dumps(result))
+"""
+
+
+def test_hidden_device_paths_may_be_directories(tmp_path: Path) -> None:
+    """GPU hosts have /dev/nvidia-caps, a directory, next to the /dev/nvidia* files: both are hidden."""
+    if os.geteuid() != 0:
+        pytest.skip("mount namespaces need root")
+    caps = tmp_path / "nvidia-caps"
+    caps.mkdir()
+    (caps / "nvidia-cap1").write_text("secret")
+    node = tmp_path / "nvidia0"
+    node.write_text("device")
+    spec = {
+        "argv": [sys.executable, "-c", HIDE_PROBE, str(caps), str(node)],
+        "env": {"PATH": "/usr/bin:/bin"},
+        "cwd": "/",
+        "uid": None,
+        "gid": None,
+        "groups": [],
+        "rlimits": {},
+        "new_netns": False,
+        "new_mountns": True,
+        "masks": [],
+        "hide": [str(caps), str(node)],
+        "seccomp": None,
+        "oom_score_adj": None,
+        "umask": 0o022,
+    }
+    out = subprocess.run(launch_argv(spec), capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["dir_listing"] in ([], "PermissionError")  # root may list the empty tmpfs; nothing leaks
+    assert seen["file_text"] == ""
+    assert (caps / "nvidia-cap1").read_text() == "secret"  # the server's own view is unchanged

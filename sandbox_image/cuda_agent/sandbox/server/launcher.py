@@ -17,7 +17,7 @@ from typing import Any
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x1, 0x2, 0x4, 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 AF_INET, SOCK_DGRAM, SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 2, 2, 0x8913, 0x8914, 0x1
 SIGKILL = 9
@@ -85,7 +85,10 @@ def _mask_paths(masks: list[dict[str, Any]], hide: list[str]) -> None:
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
             os.close(fd)
     for path in hide:
-        if os.path.exists(path):
+        # /dev/nvidia-caps is a directory on GPU hosts: a file cannot be bound over it, an empty tmpfs can.
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=000,size=4k")
+        elif os.path.exists(path):
             _mount("/dev/null", path, None, MS_BIND, None)
 
 
