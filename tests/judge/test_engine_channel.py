@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +86,65 @@ def test_timeout_and_close(pipes: tuple[int, int, int, int]) -> None:
     os.close(pipes[3])
     with pytest.raises(channel.ChannelClosed):
         orchestrator.receive(deadline=None)
+
+
+def _send_in_thread(
+    endpoint: channel.Endpoint, header: dict[str, object], blobs: list[bytes]
+) -> threading.Thread:
+    # Blobs larger than a pipe buffer need a concurrent reader, as between the two real processes.
+    def send() -> None:
+        with contextlib.suppress(BrokenPipeError):  # the reader may stop early on purpose
+            endpoint.send(header, blobs)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_blobs_spanning_several_chunks_round_trip(pipes: tuple[int, int, int, int]) -> None:
+    orchestrator, worker = endpoints(pipes, channel.new_key())
+    big = os.urandom(2 * channel.CHUNK_BYTES + 12345)
+    thread = _send_in_thread(worker, {"type": "trial_result"}, [big, b"", b"tail"])
+    header, blobs = orchestrator.receive(deadline=None)
+    thread.join(timeout=30)
+    assert header == {"type": "trial_result"}
+    assert [bytes(b) for b in blobs] == [big, b"", b"tail"]
+
+
+def test_a_changed_byte_in_a_later_chunk_is_forged(pipes: tuple[int, int, int, int], tmp_path: Path) -> None:
+    """Blobs are authenticated through per-chunk digests: a change deep inside a blob must still fail."""
+    key = channel.new_key()
+    orchestrator, _ = endpoints(pipes, key)
+    blob = os.urandom(channel.CHUNK_BYTES + 100)
+    # A genuine frame written to a file, one byte flipped in the blob's second chunk, then sent.
+    capture = tmp_path / "frame"
+    fd = os.open(capture, os.O_WRONLY | os.O_CREAT, 0o600)
+    channel.Endpoint(key, -1, fd, is_worker=True).send({"type": "trial_result"}, [blob])
+    os.close(fd)
+    frame = bytearray(capture.read_bytes())
+    frame[-40] ^= 0xFF  # inside the blob's last chunk, before the 32-byte tag
+    writer = _raw_writer(pipes[3], bytes(frame))
+    with pytest.raises(channel.ChannelForged, match="authentication"):
+        orchestrator.receive(deadline=None)
+    writer.join(timeout=30)
+
+
+def _raw_writer(fd: int, data: bytes) -> threading.Thread:
+    def write() -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_blob_larger_than_the_receiver_allows_is_forged(pipes: tuple[int, int, int, int]) -> None:
+    orchestrator, worker = endpoints(pipes, channel.new_key())
+    orchestrator.max_blob_bytes = 1024
+    thread = _send_in_thread(worker, {"type": "trial_result"}, [b"x" * 4096])
+    with pytest.raises(channel.ChannelForged, match="blob size out of range"):
+        orchestrator.receive(deadline=None)
+    os.close(pipes[2])  # unblock the sender
+    thread.join(timeout=30)
