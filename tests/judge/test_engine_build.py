@@ -7,6 +7,7 @@ gives its own kernel a unique token so that what it asserts about misses and hit
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from pathlib import Path
@@ -110,3 +111,27 @@ def test_workspace_without_bindings_is_a_build_failure(tmp_path: Path) -> None:
         root, build.detect_toolchain("cpu"), build.BuildCache(tmp_path / "c"), deadline()
     )
     assert not outcome.ok and outcome.error == "build failed: kernels/ has no *_binding.cpp"
+
+
+def test_cache_keys_do_not_depend_on_where_the_venv_lives() -> None:
+    """The same torch in a venv at another path (a fresh clone) must hit the same cache entries."""
+    here = build.detect_toolchain("cpu")
+    assert here.site_packages and all(here.site_packages in p for p in here.torch_includes[:1])
+
+    def moved(toolchain: build.Toolchain, site: str) -> build.Toolchain:
+        swap = lambda p: p.replace(toolchain.site_packages, site)  # noqa: E731
+        return dataclasses.replace(
+            toolchain,
+            torch_includes=tuple(swap(p) for p in toolchain.torch_includes),
+            torch_lib=swap(toolchain.torch_lib),
+            site_packages=site,
+        )
+
+    elsewhere = moved(here, "/elsewhere/venv/lib/python3.11/site-packages")
+    assert elsewhere.tag == here.tag
+    flags = ["-isystem", f"{here.site_packages}/torch/include", "-O1"]
+    flags_elsewhere = ["-isystem", f"{elsewhere.site_packages}/torch/include", "-O1"]
+    assert here.key(flags) == elsewhere.key(flags_elsewhere)
+    assert here.key(flags) != here.key(["-isystem", "/other/include", "-O1"])
+    other_torch = dataclasses.replace(here, torch_version="0.0.0")
+    assert other_torch.tag != here.tag

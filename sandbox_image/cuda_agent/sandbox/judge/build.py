@@ -58,12 +58,23 @@ class Toolchain:
     cuda_lib: str | None
     cuda_arch_flags: tuple[str, ...]
     cpu_model: str
+    # Where torch's package directory lives (site-packages); not part of any cache key, see `key`.
+    site_packages: str = ""
 
     @property
     def tag(self) -> str:
-        return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True, default=list).encode()).hexdigest()[
-            :24
-        ]
+        identity = {k: v for k, v in self.__dict__.items() if k != "site_packages"}
+        return self.key(identity)[:24]
+
+    def key(self, material: Any) -> str:
+        """A cache key for `material`. Paths under site-packages are named relative to it: the same torch
+        in another virtualenv (a fresh clone, another image layer) reuses the cache instead of rebuilding
+        every precompiled header and torch-including object. Built objects carry no path of the venv
+        (no rpath: torch's libraries are already loaded when an extension is)."""
+        text = json.dumps(material, sort_keys=True, default=list)
+        if self.site_packages:
+            text = text.replace(self.site_packages, "<site-packages>")
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _version(cmd: Sequence[str], *, last_line: bool = False) -> str:
@@ -120,6 +131,7 @@ def detect_toolchain(device: str) -> Toolchain:
         cuda_lib=cuda_lib,
         cuda_arch_flags=arch,
         cpu_model=_cpu_model(),
+        site_packages=os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))),
     )
 
 
@@ -251,7 +263,7 @@ def _unit_key(unit: Unit, toolchain: Toolchain, pch_key: str | None) -> str:
         "toolchain": toolchain.tag,
         "pch": pch_key,
     }
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    return toolchain.key(body)
 
 
 def _torch_cxx_flags(toolchain: Toolchain, module: str) -> list[str]:
@@ -296,7 +308,7 @@ def _ensure_pch(
     """(key, header to -include, log) of the precompiled torch headers for this flag set."""
     flags = _pch_flags(toolchain, user_flags)
     source = _pch_source(toolchain)
-    key = hashlib.sha256(json.dumps([toolchain.tag, flags, source]).encode()).hexdigest()[:32]
+    key = toolchain.key([toolchain.tag, flags, source])[:32]
     directory = cache.pch_dir(key)
     header = directory / "torch_extension_pch.h"
     gch = directory / "torch_extension_pch.h.gch"
@@ -388,7 +400,7 @@ def _link(
     if cuda and toolchain.cuda_lib:
         libs += ["-L", toolchain.cuda_lib, "-lcudart"]
     key_body = [toolchain.tag, name, [o.stem for o in objects], libs, ldflags]
-    key = hashlib.sha256(json.dumps(key_body).encode()).hexdigest()[:40]
+    key = toolchain.key(key_body)[:40]
     final = cache.ext(key, name)
     if final.exists():
         return final, True, ""
