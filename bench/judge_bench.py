@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,68 +257,55 @@ class Bench:
         print(f"  torch load() baseline (build only) {seconds:.1f} s", flush=True)
         return seconds
 
-    def cold_candidates(self) -> None:
-        print("cold candidates (new kernel text, warm cache):", flush=True)
+    def repeated(
+        self, make_candidate: Callable[[], Path], label: str, section: str
+    ) -> tuple[list[float], list[float]]:
+        """--runs evaluations of make_candidate() (within the budget): walls and build seconds of the
+        successful ones; the section's per-step breakdown is recorded on the way."""
         walls, builds, evaluations = [], [], []
         for _ in range(self.args.runs):
             if self.over_budget():
                 break
-            ev = self.judge(self.fresh_candidate(), self.warm_cache, "cold-candidate")
+            ev = self.judge(make_candidate(), self.warm_cache, label)
             evaluations.append(ev)
             if ev.ok and ev.report:
                 walls.append(ev.wall_s)
                 builds.append((ev.report.get("seconds") or {}).get("build", 0.0))
-        self.breakdown("cold candidate", evaluations)
+        self.breakdown(section, evaluations)
+        return walls, builds
+
+    def p50_row(self, metric: str, walls: list[float], builds: list[float], target: float) -> float:
+        p50 = statistics.median(walls)
+        self.row(
+            metric,
+            f"{p50:.1f} (build {statistics.median(builds):.1f})",
+            "-",
+            "-",
+            f"<= {target:g}",
+            "yes" if p50 <= target else "NO",
+        )
+        return p50
+
+    def cold_candidates(self) -> None:
+        print("cold candidates (new kernel text, warm cache):", flush=True)
+        walls, builds = self.repeated(self.fresh_candidate, "cold-candidate", "cold candidate")
         if walls:
-            p50 = statistics.median(walls)
-            self.row(
-                "cold candidate (p50 s)",
-                f"{p50:.1f} (build {statistics.median(builds):.1f})",
-                "-",
-                "-",
-                "<= 15",
-                "yes" if p50 <= 15 else "NO",
-            )
-        self.cold_candidate_p50 = statistics.median(walls) if walls else None
+            self.cold_candidate_p50 = self.p50_row("cold candidate (p50 s)", walls, builds, 15)
 
     def new_kernels(self) -> None:
         """New kernel text with the bindings unchanged: an agent iterating on its .cu files."""
         print("new kernels (new .cu text, bindings unchanged, warm cache):", flush=True)
-        walls, builds, evaluations = [], [], []
-        for _ in range(self.args.runs):
-            if self.over_budget():
-                break
-            ev = self.judge(self.fresh_candidate((".cu", ".cuh")), self.warm_cache, "new-kernel")
-            evaluations.append(ev)
-            if ev.ok and ev.report:
-                walls.append(ev.wall_s)
-                builds.append((ev.report.get("seconds") or {}).get("build", 0.0))
-        self.breakdown("new kernel", evaluations)
+        walls, builds = self.repeated(
+            lambda: self.fresh_candidate((".cu", ".cuh")), "new-kernel", "new kernel"
+        )
         if walls:
-            p50 = statistics.median(walls)
-            self.row(
-                "new kernel, same bindings (p50 s)",
-                f"{p50:.1f} (build {statistics.median(builds):.1f})",
-                "-",
-                "-",
-                "<= 15",
-                "yes" if p50 <= 15 else "NO",
-            )
+            self.p50_row("new kernel, same bindings (p50 s)", walls, builds, 15)
 
     def cached(self) -> None:
         print("cached evaluations (same candidate again):", flush=True)
         candidate = self.fresh_candidate()
         self.judge(candidate, self.warm_cache, "cached-warmup")
-        walls, builds, evaluations = [], [], []
-        for _ in range(self.args.runs):
-            if self.over_budget():
-                break
-            ev = self.judge(candidate, self.warm_cache, "cached")
-            evaluations.append(ev)
-            if ev.ok and ev.report:
-                walls.append(ev.wall_s)
-                builds.append((ev.report.get("seconds") or {}).get("build", 0.0))
-        self.breakdown("cached", evaluations)
+        walls, builds = self.repeated(lambda: candidate, "cached", "cached")
         if walls:
             p50 = statistics.median(walls)
             base = self.cold_candidate_p50

@@ -130,11 +130,10 @@ print(__import__("json").dumps(results))
 """
 
 
-def _run_filtered(policy: FilterPolicy) -> dict[str, str]:
-    if os.uname().machine not in ("x86_64",):
-        pytest.skip("the probe uses x86_64 syscall numbers")
-    spec = {
-        "argv": [sys.executable, "-c", PROBE, str(os.getpid())],
+def _spec(argv: list[str], **overrides: object) -> dict[str, object]:
+    """A launcher spec that changes nothing but what `overrides` name (no user switch, no namespaces)."""
+    spec: dict[str, object] = {
+        "argv": argv,
         "env": {"PATH": "/usr/bin:/bin"},
         "cwd": "/",
         "uid": None,
@@ -145,10 +144,17 @@ def _run_filtered(policy: FilterPolicy) -> dict[str, str]:
         "new_mountns": False,
         "masks": [],
         "hide": [],
-        "seccomp": build_filter(policy).hex(),
+        "seccomp": None,
         "oom_score_adj": None,
         "umask": 0o022,
     }
+    return spec | overrides
+
+
+def _run_filtered(policy: FilterPolicy) -> dict[str, str]:
+    if os.uname().machine not in ("x86_64",):
+        pytest.skip("the probe uses x86_64 syscall numbers")
+    spec = _spec([sys.executable, "-c", PROBE, str(os.getpid())], seccomp=build_filter(policy).hex())
     out = subprocess.run(
         launch_argv(spec), capture_output=True, text=True, start_new_session=True, timeout=60, check=True
     )
@@ -198,22 +204,11 @@ def test_hidden_device_paths_may_be_directories(tmp_path: Path) -> None:
     (caps / "nvidia-cap1").write_text("secret")
     node = tmp_path / "nvidia0"
     node.write_text("device")
-    spec = {
-        "argv": [sys.executable, "-c", HIDE_PROBE, str(caps), str(node)],
-        "env": {"PATH": "/usr/bin:/bin"},
-        "cwd": "/",
-        "uid": None,
-        "gid": None,
-        "groups": [],
-        "rlimits": {},
-        "new_netns": False,
-        "new_mountns": True,
-        "masks": [],
-        "hide": [str(caps), str(node)],
-        "seccomp": None,
-        "oom_score_adj": None,
-        "umask": 0o022,
-    }
+    spec = _spec(
+        [sys.executable, "-c", HIDE_PROBE, str(caps), str(node)],
+        new_mountns=True,
+        hide=[str(caps), str(node)],
+    )
     out = subprocess.run(launch_argv(spec), capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
