@@ -41,6 +41,7 @@ def test_agent_session_verifies_and_profiles_with_the_real_judge(server: Running
     assert run.result.build_cached  # the session's build cache kept the extension from `verify`
     isolation = (run.result.model_extra or {}).get("isolation", {})
     assert str(isolation.get("landlock", "")).startswith("on")  # the judge's own confinement still works
+    assert server.client.status().judge_zygote  # these judges were forked from the zygote, not exec'd
 
 
 def test_reward_service_judges_a_wrong_candidate_as_minus_one(server: RunningServer) -> None:

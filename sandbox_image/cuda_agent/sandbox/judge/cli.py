@@ -10,6 +10,7 @@ object; candidate output never reaches stdout (the worker writes it to a private
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,7 +90,9 @@ def _summary(result: object) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    # Heavy imports (torch) only after the arguments are known to be valid.
+    # Heavy imports (torch) only after the arguments are known to be valid. CUDA's availability comes
+    # from NVML: initialising CUDA here would break the workers the orchestrator forks later.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     import torch
 
     from cuda_agent.sandbox.judge import orchestrator

@@ -18,8 +18,8 @@ import hashlib
 import json
 import os
 import secrets
-import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,10 +29,19 @@ from typing import Any
 import torch
 
 from cuda_agent.sandbox import gpu_lock
-from cuda_agent.sandbox.judge import build, channel, compare, inline, isolation, policy, screen, tensors
+from cuda_agent.sandbox.judge import (
+    build,
+    channel,
+    compare,
+    inline,
+    isolation,
+    policy,
+    screen,
+    tensors,
+    worker,
+)
 from cuda_agent.sandbox.judge import task as task_lib
 from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeResult, milestone_reward
-from cuda_agent.sandbox.judge.worker import BOOT
 
 JUDGE_DIR = Path(__file__).resolve().parent
 JUDGE_ROOT = JUDGE_DIR.parents[2]  # the directory holding the `cuda_agent` namespace of this judge
@@ -223,32 +232,43 @@ def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References
 
 
 class WorkerSession:
-    """One worker process and its authenticated channel; every failure becomes a verdict, never a hang."""
+    """One worker process and its authenticated channel; every failure becomes a verdict, never a hang.
 
-    def __init__(self, workspace: isolation.Workspace, config: dict[str, Any], device: str) -> None:
+    The process is forked at construction, before this process holds a secret (the master seed, another
+    worker's key) or a CUDA context: the child inherits the imported modules (torch, inductor where
+    preloaded) instead of importing them again, and nothing a candidate could use. `start` then sends it
+    its key and config."""
+
+    def __init__(self) -> None:
+        if threading.active_count() > 1 or torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            raise RuntimeError("judge workers are forked: start them before any thread or CUDA context")
         to_worker_r, to_worker_w = os.pipe()
         to_orch_r, to_orch_w = os.pipe()
         channel.widen_pipe(to_orch_w)
-        self.log = open(workspace.log, "ab")  # noqa: SIM115 - lives as long as the session
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", BOOT, str(JUDGE_ROOT), str(to_worker_r), str(to_orch_w)],
-            pass_fds=(to_worker_r, to_orch_w),
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=self.log,
-            cwd=workspace.candidate,
-            env=isolation.worker_env(workspace, device),
-            start_new_session=True,
-        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            worker.run_forked(to_worker_r, to_orch_w)
         os.close(to_worker_r)
         os.close(to_orch_w)
-        key = channel.new_key()
-        self.endpoint = channel.Endpoint(key, to_orch_r, to_worker_w, is_worker=False)
+        self.pid = pid
+        self.returncode: int | None = None
+        self.read_fd, self.write_fd = to_orch_r, to_worker_w
+        self.endpoint = channel.Endpoint(b"", to_orch_r, to_worker_w, is_worker=False)
         self.phase = "build"
         self.phase_start = time.monotonic()
         self.deadline = time.monotonic()
+
+    def start(self, workspace: isolation.Workspace, config: dict[str, Any]) -> None:
+        key = channel.new_key()
+        self.endpoint = channel.Endpoint(key, self.read_fd, self.write_fd, is_worker=False)
+        config = config | {
+            "env": isolation.worker_env(workspace, config["device"]),
+            "log": str(workspace.log),
+        }
         try:
-            channel.send_key(to_worker_w, key)
+            channel.send_key(self.write_fd, key)
             self.endpoint.send(config)
         except BrokenPipeError:
             pass
@@ -303,25 +323,33 @@ class WorkerSession:
             result.violations.append(f"output-forged: unexpected message {kind!r} in {self.phase}")
         raise RunStopped()
 
-    def wait(self) -> int:
-        try:
-            return self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.proc.wait()
+    def wait(self, timeout: float = 10.0) -> int:
+        """The worker's exit code (negative: killed by that signal); killed first if it outlives timeout."""
+        end = time.monotonic() + timeout
+        while self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+            elif time.monotonic() > end:
+                self.kill()
+            else:
+                time.sleep(0.005)
+        return self.returncode
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, 9)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+        if self.returncode is not None:
+            return
+        for kill in (os.killpg, os.kill):  # the group once the child has called setsid, else the pid
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(self.pid, 9)
+        _, status = os.waitpid(self.pid, 0)
+        self.returncode = os.waitstatus_to_exitcode(status)
 
     def close(self) -> None:
         self.kill()
-        for fd in (self.endpoint.read_fd, self.endpoint.write_fd):
+        for fd in (self.read_fd, self.write_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.log.close()
 
 
 # --- the run ------------------------------------------------------------------------------------------------
@@ -362,6 +390,7 @@ class JudgeRun:
         self.global_kernels: list[str] = []
         self.custom_ops: set[str] = set()
         self.output_digests: dict[str, int] = {}
+        self.spares: dict[str, WorkerSession] = {}
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -468,8 +497,9 @@ class JudgeRun:
 
     def collect(self, workspace: isolation.Workspace, deadline: float) -> tuple[list[dict[str, Any]], str]:
         """Run the candidate's import once with a recording load_inline (a separate, confined process)."""
-        session = WorkerSession(workspace, self._worker_config("collect"), self.cfg.device)
+        session = self.spares.pop("collect")
         try:
+            session.start(workspace, self._worker_config("collect"))
             session.enter("build", deadline - time.monotonic(), deadline)
             started, _ = session.receive("started", self.result)
             self.result.isolation.update({f"build_{k}": v for k, v in started["isolation"].items()})
@@ -698,6 +728,15 @@ class JudgeRun:
             res.speedup.compile = res.timings_ms.compile / cand
 
     def execute(self) -> JudgeResult:
+        # Forked first: no worker ever has the master seed, a key or a CUDA context in its memory.
+        self.spares = {"judge": WorkerSession(), "collect": WorkerSession()}
+        try:
+            return self.judge_with_workers()
+        finally:
+            for spare in self.spares.values():
+                spare.close()
+
+    def judge_with_workers(self) -> JudgeResult:
         res = self.result
         judge_hashes = hash_judge_files()
         res.isolation["judge_dumpable"] = isolation.make_non_dumpable()
@@ -744,8 +783,9 @@ class JudgeRun:
         toolchain = build.detect_toolchain(self.cfg.device)
         # The worker boots (python, torch, CUDA context, Landlock; no candidate code, no kernels) while
         # the candidate builds on the CPU; it waits for "load", which is sent under the device lock.
-        session = WorkerSession(self.workspace, self._worker_config("judge"), self.cfg.device)
+        session = self.spares.pop("judge")
         try:
+            session.start(self.workspace, self._worker_config("judge"))
             workspace_exts, inline_exts = self.build_candidate(self.workspace, toolchain)
             self.global_kernels = sorted({k for e in workspace_exts + inline_exts for k in e.kernels})
             # Everything that runs device work happens under the lock: the references, the trusted

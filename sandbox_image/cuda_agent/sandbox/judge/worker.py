@@ -1,16 +1,17 @@
-"""The worker: a fresh, isolated process that imports and runs the candidate (started by the orchestrator).
+"""The worker: an isolated process that imports and runs the candidate (forked by the orchestrator).
 
-Started as `python -I -c BOOT <judge root> <read fd> <write fd>` with a scrubbed environment, its cwd the
-sealed candidate copy and stdout/stderr already pointing at a log file. Before any candidate code runs it
-reads the channel key, confines itself (Landlock, no core dumps), binds the judge functions it uses and
-fingerprints everything a candidate could patch. It receives each trial's seed only when the trial
-starts, regenerates the inputs, runs the candidate under the recorders and sends raw outputs and
-observations back; it never sees a reference output and never decides the reward.
+The orchestrator forks each worker before it holds any secret or CUDA context (docs/judge.md, "Process
+model"): the child drops every inherited file descriptor but its two channel pipes, starts its own
+session and dies with its parent. Before any candidate code runs it reads the channel key and its
+config (scrubbed environment, log file, paths), confines itself (Landlock, no core dumps), binds the
+judge functions it uses and fingerprints everything a candidate could patch. It receives each trial's
+seed only when the trial starts, regenerates the inputs, runs the candidate under the recorders and
+sends raw outputs and observations back; it never sees a reference output and never decides the reward.
 Modes: "collect" (build phase: record load_inline sources) and "judge" (verify + profile). A judge
-worker is started while the candidate builds; it boots (torch, CUDA context, Landlock) and waits for
-"load". Then, still before any candidate code exists in the process, it compiles the torch.compile
-baseline against the judge's shared inductor cache, seals that cache with a second Landlock layer, and
-only then loads the candidate's extensions and imports model_new.py.
+worker is configured while the candidate builds; it boots (CUDA context, Landlock, inductor imports)
+and waits for "load". Then, still before any candidate code exists in the process, it compiles the
+torch.compile baseline against the judge's shared inductor cache, seals that cache with a second
+Landlock layer, and only then loads the candidate's extensions and imports model_new.py.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import io
 import os
 import pstats
 import sys
+import tempfile
 import time
 import traceback
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch._dynamo
@@ -43,10 +45,7 @@ _no_grad = torch.no_grad
 _bitwise_equal = tensors.bitwise_equal
 _monotonic = time.monotonic
 
-BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from cuda_agent.sandbox.judge.worker import main; sys.exit(main(sys.argv[2:]))"
-)
+PR_SET_PDEATHSIG = 1
 
 
 class CandidateFailure(Exception):
@@ -125,6 +124,9 @@ class Worker:
             try:
                 importlib.import_module("torch._inductor.compile_fx")
                 importlib.import_module("torch._inductor.codecache")
+                # Compile in this process: its environment said so when the worker was exec'd, but a
+                # forked worker may inherit inductor's config from a parent that imported it earlier.
+                setattr(importlib.import_module("torch._inductor.config"), "compile_threads", 1)  # noqa: B010
                 if self.device == "cuda":
                     importlib.import_module("torch._inductor.runtime.triton_heuristics")
             except Exception as exc:  # the compile step reports inductor problems itself
@@ -145,6 +147,7 @@ class Worker:
         }
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
         os.environ["TRITON_CACHE_DIR"] = str(cache / "triton")
+        _point_header_cache(cache / "inductor")
         start = _monotonic()
         profiler = cProfile.Profile() if self.config.get("debug") else None
         try:
@@ -175,6 +178,7 @@ class Worker:
             # Any later (re)compile writes to the private cache; the shared one is sealed below.
             for key, value in private.items():
                 os.environ[key] = str(value)
+            _point_header_cache(private["TORCHINDUCTOR_CACHE_DIR"])
         if self.shared_cache:
             sealed = isolation.confine_writes([self.home], [Path("/dev")])
             if not sealed.startswith("on"):
@@ -515,12 +519,68 @@ class Worker:
                 return
 
 
-def main(argv: list[str]) -> int:
-    read_fd, write_fd = int(argv[0]), int(argv[1])
-    key = channel.receive_key(read_fd, deadline=_monotonic() + 120)
+def _point_header_cache(root: Path) -> None:
+    """Inductor fixes its CPU precompiled-header directory when codecache is imported (under the
+    importing process's temp dir, which a zygote-forked worker cannot write): point it at the cache in use."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is not None and hasattr(codecache, "_HEADER_DIR"):
+        setattr(codecache, "_HEADER_DIR", str(root / "precompiled_headers"))  # noqa: B010
+        setattr(codecache, "_HEADER_LOCK_DIR", str(root / "precompiled_headers" / "locks"))  # noqa: B010
+
+
+def run_forked(read_fd: int, write_fd: int) -> NoReturn:
+    """The forked child's whole life: detach from the orchestrator's state, serve, exit without running
+    anything the parent registered (atexit handlers, buffered stdio of the parent's streams)."""
+    code = 1
+    try:
+        _detach(keep=(read_fd, write_fd))
+        code = main(read_fd, write_fd)
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _detach(keep: tuple[int, ...]) -> None:
+    """Own session, killed with the orchestrator, and no inherited descriptor but the channel's: the
+    judge's stdout (its JSON verdict), lock files and other workers' pipes stay out of reach."""
+    parent = os.getppid()
+    os.setsid()
+    isolation._libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    if os.getppid() != parent:  # the orchestrator died before the line above
+        os._exit(1)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    # The orchestrator's working directory (a `python -m` start puts it on sys.path) is not ours.
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd]
+
+
+def _adopt(config: dict[str, Any]) -> None:
+    """The environment and output the worker would have had as a fresh process: the scrubbed env
+    (CUDA reads it at initialisation, after this) and the private log for anything candidate code prints."""
+    os.environ.clear()
+    os.environ.update(config["env"])
+    tempfile.tempdir = None  # recomputed from TMPDIR (the parent cached its own, outside our Landlock rules)
+    log = os.open(config["log"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+
+
+def main(read_fd: int, write_fd: int) -> int:
+    # No deadline: a spare worker waits until the orchestrator configures it or ends it (it dies with it).
+    key = channel.receive_key(read_fd)
     endpoint = channel.Endpoint(key, read_fd, write_fd, is_worker=True)
     try:
-        config, _ = endpoint.receive(deadline=_monotonic() + 120)
+        config, _ = endpoint.receive(deadline=None)
+        _adopt(config)
         worker = Worker(endpoint, config)
         endpoint.send({"type": "started", "isolation": worker.isolate()})
         if config["mode"] == "collect":

@@ -149,6 +149,7 @@ class SandboxServer:
             build_cache_misses=int(m.counter_value("build_cache_misses_total")),
             judge_runs_total=int(sum(m.counters.get("judge_runs_total", {}).values())),
             judge_intact=self.judge.intact,
+            judge_zygote=self.judge.zygote_running,
         )
 
     def _register_gauges(self) -> None:
@@ -160,6 +161,11 @@ class SandboxServer:
             "judge_intact",
             "1 while the judge files match their startup hashes",
             lambda: [({}, 1.0 if self.judge.intact else 0.0)],
+        )
+        m.gauge(
+            "judge_zygote_up",
+            "1 while judges are forked from a running zygote (0: exec'd, or the zygote is starting)",
+            lambda: [({}, 1.0 if self.judge.zygote_running else 0.0)],
         )
 
     def render_metrics(self) -> str:
@@ -497,9 +503,13 @@ def build_app(server: SandboxServer) -> web.Application:
         server.sessions.prepare()
         server.status()  # the first busy sample: the busy fraction's window starts at startup
         task = asyncio.create_task(_housekeeping(server))
+        # Imports torch and inductor once, in the background; the first judge run waits for it.
+        zygote = asyncio.create_task(server.judge.zygote_for_judging())
         yield
         task.cancel()
+        zygote.cancel()
         await server.sessions.close_all()
+        await server.judge.close()
 
     app.cleanup_ctx.append(lifecycle)
     return app

@@ -41,7 +41,7 @@ class ProcessLimits(BaseModel):
         return limits
 
 
-def _default_judge_command() -> list[str]:
+def default_judge_command() -> list[str]:
     """The judge CLI module itself: the same program as `cuda-agent judge`, without the dispatcher."""
     return [sys.executable, "-m", "cuda_agent.sandbox.judge.cli"]
 
@@ -71,7 +71,12 @@ class SandboxServerConfig(BaseModel):
         default=30000, ge=1000, description="longer tool output is cut in the middle"
     )
     max_background_jobs: int = Field(default=8, ge=1, description="per session")
-    judge_command: list[str] = Field(default_factory=_default_judge_command)
+    judge_command: list[str] = Field(default_factory=default_judge_command)
+    judge_zygote: bool = Field(
+        default=True,
+        description="fork judges from a pre-started process that has imported torch and inductor (seconds "
+        "faster per evaluation; the same confinement); only for the default judge_command",
+    )
     judge_dir: Path | None = Field(default=None, description="files hash-checked before every judge run")
     frozen_dir: Path | None = Field(
         default=None, description="binding.cpp / binding_registry.h copied into workspaces"

@@ -11,6 +11,7 @@ sessions' measurements do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,12 +22,14 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
-from cuda_agent.sandbox.server.config import SandboxServerConfig
-from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_uid_processes
+from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
+from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_group, kill_uid_processes
+from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.models import Device, JudgeOptions, JudgeResult, JudgeRun, JudgeStage
 from cuda_agent.sandbox.server.procs import end_group, spawn
@@ -93,6 +96,12 @@ class JudgeService:
         self.gpu_dir = config.state_dir / "gpu"
         self.shared_cache = config.state_dir / "judge-cache"
         self.gpu_locks = [GpuTicketLock(self.gpu_dir / f"gpu{i}.lock") for i in range(gpus)]
+        self.zygote_dir = config.state_dir / "judge-zygote"
+        # Judges forked from a pre-started zygote (torch and inductor already imported) when the judge is
+        # this package's own CLI; any other judge command is exec'd as given.
+        self.use_zygote = config.judge_zygote and config.judge_command == default_judge_command()
+        self.zygote: JudgeZygote | None = None
+        self._zygote_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(config.max_concurrent_judges)
         self.waiting_for_slot = 0
         self.running = 0
@@ -100,9 +109,10 @@ class JudgeService:
     def prepare_dirs(self) -> None:
         group = self.isolation.judge_group if self.isolation.is_root else os.getgid()
         shared = [(self.shared_cache, 0o2770)] if self.config.shared_judge_cache else []
-        for path, mode in ((self.jobs_dir, 0o711), (self.gpu_dir, 0o770), *shared):
+        dirs = ((self.jobs_dir, 0o711), (self.gpu_dir, 0o770), (self.zygote_dir, 0o700), *shared)
+        for path, mode in dirs:
             path.mkdir(parents=True, exist_ok=True)
-            os.chown(path, os.getuid(), os.getgid() if path == self.jobs_dir else group)
+            os.chown(path, os.getuid(), os.getgid() if path in (self.jobs_dir, self.zygote_dir) else group)
             os.chmod(path, mode)
         for lock in self.gpu_locks:
             lock.path.touch(exist_ok=True)
@@ -186,7 +196,12 @@ class JudgeService:
             scratch = str(job_dir / "scratch")
             writable = [scratch] + ([env[JUDGE_CACHE_ENV]] if JUDGE_CACHE_ENV in env else [])
             spec = self.isolation.judge_spec(slot, argv, env, scratch, writable, [str(job_dir)])
-            run = await self._spawn(stage, self.isolation.launch_argv(spec), slot)
+            zygote = await self.zygote_for_judging()
+            if zygote is not None:
+                cli_args = argv[len(self.config.judge_command) :]
+                run = await self._spawn_forked(stage, zygote, cli_args, spec, job_dir)
+            else:
+                run = await self._spawn(stage, self.isolation.launch_argv(spec))
             if run.result is not None:
                 run.lock_wait_s = run.result.lock_wait_s or 0.0
             return run
@@ -197,7 +212,7 @@ class JudgeService:
                 await asyncio.to_thread(kill_uid_processes, slot.judge_uid)
             await asyncio.to_thread(shutil.rmtree, job_dir, True)
 
-    async def _spawn(self, stage: JudgeStage, argv: list[str], slot: Slot) -> JudgeRun:
+    async def _spawn(self, stage: JudgeStage, argv: list[str]) -> JudgeRun:
         proc, exited = await spawn(argv, merge_stderr=False, limit=_STDOUT_LIMIT)
         assert proc.stdout is not None and proc.stderr is not None
         out_task = asyncio.create_task(_read_bounded(proc.stdout, _STDOUT_LIMIT))
@@ -205,8 +220,7 @@ class JudgeService:
         try:
             await asyncio.wait_for(exited.wait(), self.config.judge_timeout_s)
         except TimeoutError:
-            error = f"judge timed out after {self.config.judge_timeout_s:g} s"
-            return JudgeRun(stage=stage, error=error, exit_code=None, text=f"{stage}: {error}")
+            return self._timed_out(stage)
         finally:
             # Also on cancellation (the agent's command was interrupted): stop judging for it.
             await end_group(proc)
@@ -215,36 +229,89 @@ class JudgeService:
                     task.cancel()
         stdout = out_task.result() if not out_task.cancelled() else b""
         stderr = err_task.result() if not err_task.cancelled() else b""
-        err_tail = stderr.decode("utf-8", "replace")[-_STDERR_TAIL:].strip()
-        code = proc.returncode
-        if code == 0:
+        return verdict(stage, proc.returncode, stdout, stderr)
+
+    async def _spawn_forked(
+        self, stage: JudgeStage, zygote: JudgeZygote, argv: list[str], spec: dict[str, Any], job_dir: Path
+    ) -> JudgeRun:
+        """The same judge, forked by the zygote instead of exec'd: its output goes to files in the job."""
+        out, err = job_dir / "judge.stdout", job_dir / "judge.stderr"
+        judge = await zygote.spawn(argv, spec, str(out), str(err))
+        try:
+            await asyncio.wait_for(judge.exited.wait(), self.config.judge_timeout_s)
+        except TimeoutError:
+            return self._timed_out(stage)
+        finally:
+            if judge.returncode is None:  # timed out, cancelled, or the zygote died: end it
+                kill_group(judge.pid)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(judge.exited.wait(), 5)
+        if judge.returncode is None:
+            error = "judge zygote exited while judging"
+            return JudgeRun(stage=stage, error=error, exit_code=None, text=f"{stage}: {error}")
+        stdout, stderr = await asyncio.to_thread(lambda: (_read_file(out), _read_file(err)))
+        return verdict(stage, judge.returncode, stdout, stderr)
+
+    def _timed_out(self, stage: JudgeStage) -> JudgeRun:
+        error = f"judge timed out after {self.config.judge_timeout_s:g} s"
+        return JudgeRun(stage=stage, error=error, exit_code=None, text=f"{stage}: {error}")
+
+    @property
+    def zygote_running(self) -> bool:
+        return self.use_zygote and self.zygote is not None and self.zygote.alive
+
+    async def zygote_for_judging(self) -> JudgeZygote | None:
+        """The running zygote, started (or restarted) on demand; None: judges are exec'd instead."""
+        if not self.use_zygote:
+            return None
+        async with self._zygote_lock:
+            if self.zygote is not None and self.zygote.alive:
+                return self.zygote
+            if self.zygote is not None:
+                log.warning("judge zygote exited (code %s); starting a new one", self.zygote.proc.returncode)
+                self.metrics.inc("judge_zygote_restarts_total", "judge zygotes started again after exiting")
             try:
-                result = JudgeResult.model_validate(json.loads(stdout))
-            except (ValueError, ValidationError) as exc:
-                error = f"judge printed no valid result JSON: {str(exc)[:300]}"
-                return JudgeRun(
-                    stage=stage, error=error, exit_code=code, text=f"{stage}: {error}\n{err_tail}"
+                self.zygote = await JudgeZygote.start(
+                    self.config.judge_command[0], self._zygote_env(), str(self.zygote_dir / "zygote.log")
                 )
-            return JudgeRun(stage=stage, result=result, exit_code=code, text=summarize(stage, result))
-        what = "judge rejected the task or arguments" if code == 2 else f"judge failed with exit code {code}"
-        error = f"{what}: {err_tail.splitlines()[-1] if err_tail else '(no message)'}"
-        return JudgeRun(
-            stage=stage, error=error, exit_code=code, text=f"{stage}: {error}\n{err_tail}".strip()
+            except (ZygoteError, OSError) as exc:
+                log.warning("%s; judges are exec'd instead (slower start, same checks)", exc)
+                self.use_zygote = False
+                return None
+            log.info("judge zygote %d ready", self.zygote.proc.pid)
+            return self.zygote
+
+    def _zygote_env(self) -> dict[str, str]:
+        env = self.isolation.base_env()
+        env.update(
+            PATH=self._judge_path(),
+            HOME=str(self.zygote_dir),
+            TMPDIR=str(self.zygote_dir),
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONUNBUFFERED="1",
         )
+        return env
+
+    def _judge_path(self) -> str:
+        return os.pathsep.join(
+            [
+                os.path.dirname(self.config.judge_command[0]),
+                "/usr/local/cuda/bin",
+                "/usr/local/bin",
+                "/usr/bin",
+                "/bin",
+            ]
+        )
+
+    async def close(self) -> None:
+        if self.zygote is not None:
+            await self.zygote.close()
 
     def _env(self, job_dir: Path, device: Device, gpu: int | None, cache_dir: Path | None) -> dict[str, str]:
         env = self.isolation.base_env()
         scratch = str(job_dir / "scratch")
         env.update(
-            PATH=os.pathsep.join(
-                [
-                    os.path.dirname(self.config.judge_command[0]),
-                    "/usr/local/cuda/bin",
-                    "/usr/local/bin",
-                    "/usr/bin",
-                    "/bin",
-                ]
-            ),
+            PATH=self._judge_path(),
             HOME=scratch,
             TMPDIR=scratch,
             USER="cuda-agent-judge",
@@ -306,6 +373,29 @@ class JudgeService:
         if run.result is not None and run.result.build_cached is not None:
             name = "build_cache_hits_total" if run.result.build_cached else "build_cache_misses_total"
             self.metrics.inc(name, "judge builds served from (or missing) the build cache")
+
+
+def verdict(stage: JudgeStage, code: int | None, stdout: bytes, stderr: bytes) -> JudgeRun:
+    """The judge process's exit code and output, read as the judge contract says."""
+    err_tail = stderr.decode("utf-8", "replace")[-_STDERR_TAIL:].strip()
+    if code == 0:
+        try:
+            result = JudgeResult.model_validate(json.loads(stdout))
+        except (ValueError, ValidationError) as exc:
+            error = f"judge printed no valid result JSON: {str(exc)[:300]}"
+            return JudgeRun(stage=stage, error=error, exit_code=code, text=f"{stage}: {error}\n{err_tail}")
+        return JudgeRun(stage=stage, result=result, exit_code=code, text=summarize(stage, result))
+    what = "judge rejected the task or arguments" if code == 2 else f"judge failed with exit code {code}"
+    error = f"{what}: {err_tail.splitlines()[-1] if err_tail else '(no message)'}"
+    return JudgeRun(stage=stage, error=error, exit_code=code, text=f"{stage}: {error}\n{err_tail}".strip())
+
+
+def _read_file(path: Path, limit: int = _STDOUT_LIMIT) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return b""
 
 
 async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> bytes:

@@ -137,7 +137,12 @@ def _install_seccomp(program: bytes) -> None:
     _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp filter")
 
 
-def launch(spec: dict[str, Any]) -> None:
+class ConfineError(Exception):
+    """One confinement step failed; the message names it."""
+
+
+def confine(spec: dict[str, Any]) -> None:
+    """Every step but the exec (also run by the judge zygote in each forked judge, then no exec)."""
     step = "namespaces"
     try:
         flags = (CLONE_NEWNET if spec["new_netns"] else 0) | (CLONE_NEWNS if spec["new_mountns"] else 0)
@@ -172,12 +177,21 @@ def launch(spec: dict[str, Any]) -> None:
         step = "chdir"
         os.chdir(spec["cwd"])
         os.umask(spec["umask"])
-        step = "exec"
+    except Exception as exc:
+        raise ConfineError(f"{step} failed: {exc}") from None
+
+
+def launch(spec: dict[str, Any]) -> None:
+    try:
+        confine(spec)
         os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
-    except Exception as exc:  # any failure becomes one readable line
-        sys.stderr.write(f"sandbox launcher: {step} failed: {exc}\n")
-        sys.stderr.flush()
-        os._exit(126)
+    except ConfineError as exc:  # any failure becomes one readable line
+        message = str(exc)
+    except Exception as exc:
+        message = f"exec failed: {exc}"
+    sys.stderr.write(f"sandbox launcher: {message}\n")
+    sys.stderr.flush()
+    os._exit(126)
 
 
 if __name__ == "__main__":

@@ -328,3 +328,6 @@ class ServerStatus(_Camel):
     build_cache_misses: int
     judge_runs_total: int
     judge_intact: bool = Field(description="False once a judge file's hash changed; no more runs then")
+    judge_zygote: bool = Field(
+        default=False, description="judges are forked from a running zygote (torch pre-imported)"
+    )

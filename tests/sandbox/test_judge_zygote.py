@@ -1,0 +1,144 @@
+"""The judge zygote on its own: a real zygote process forks real judges (the judge CLI on CPU) under a
+launcher spec without a user switch (the root-mode path runs in test_real_judge.py through the server).
+
+It must give the same verdict an exec'd judge gives, report each judge's exit code (including a kill and
+a failed confinement step) and keep serving after a judge dies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuda_agent.sandbox.judge.config import default_cache_dir
+from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+TASK = EXAMPLES / "tasks" / "relu_mul_add.py"
+SOLUTION = EXAMPLES / "solutions" / "relu_mul_add" / "cpu"
+QUICK = ["--device", "cpu", "--json", "--trials", "2", "--profile-trials", "5", "--compile-mode", "none"]
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def zygote(
+    loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[JudgeZygote]:
+    home = tmp_path_factory.mktemp("zygote")
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home)}
+    started = loop.run_until_complete(JudgeZygote.start(sys.executable, env, str(home / "zygote.log")))
+    yield started
+    loop.run_until_complete(started.close())
+
+
+def _spec(job: Path, **changes: Any) -> dict[str, Any]:
+    """What Isolation builds for a judge in restricted mode, minus Landlock and seccomp (tested elsewhere)."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(job),
+        "TMPDIR": str(job),
+        "CUDA_AGENT_JUDGE_CACHE": str(default_cache_dir()),  # shared with test_solutions: builds hit
+    }
+    spec = {
+        "env": env,
+        "cwd": str(job),
+        "uid": None,
+        "gid": None,
+        "groups": [],
+        "rlimits": {"RLIMIT_CORE": [0, 0]},
+        "new_netns": False,
+        "new_mountns": False,
+        "masks": [],
+        "hide": [],
+        "seccomp": None,
+        "oom_score_adj": None,
+        "umask": 0o022,
+        "landlock": None,
+    }
+    return spec | changes
+
+
+def _judge(
+    loop: asyncio.AbstractEventLoop,
+    zygote: JudgeZygote,
+    argv: list[str],
+    kill_after: float | None = None,
+    **spec: Any,
+) -> tuple[int | None, str, str]:
+    job = Path(tempfile.mkdtemp(prefix="zygote-job-"))
+
+    async def run() -> int | None:
+        judge = await zygote.spawn(argv, _spec(job, **spec), str(job / "out"), str(job / "err"))
+        assert judge.pid != zygote.proc.pid
+        if kill_after is not None:
+            await asyncio.sleep(kill_after)
+            os.killpg(judge.pid, signal.SIGKILL)
+        await asyncio.wait_for(judge.exited.wait(), 600)
+        return judge.returncode
+
+    code = loop.run_until_complete(run())
+    return code, (job / "out").read_text(), (job / "err").read_text()
+
+
+def test_forked_judge_gives_the_verdict(loop: asyncio.AbstractEventLoop, zygote: JudgeZygote) -> None:
+    assert zygote.hello["ready"] and "torch" in zygote.hello["loaded"]
+    for _ in range(2):  # the second judge is forked from the same zygote and must judge the same way
+        code, out, err = _judge(loop, zygote, [str(TASK), str(SOLUTION), *QUICK])
+        assert code == 0, err
+        result = json.loads(out)
+        assert result["reward"] >= 1 and result["correct"] and result["error"] is None
+        assert str(result["isolation"]["landlock"]).startswith("on")  # the worker still confines itself
+
+
+def test_usage_error_exit_code_and_message(loop: asyncio.AbstractEventLoop, zygote: JudgeZygote) -> None:
+    code, out, err = _judge(loop, zygote, ["/nonexistent/task.py", str(SOLUTION), *QUICK])
+    assert code == 2 and out == ""
+    assert "TASK /nonexistent/task.py does not exist" in err
+
+
+def test_failed_confinement_step_is_reported(loop: asyncio.AbstractEventLoop, zygote: JudgeZygote) -> None:
+    code, _, err = _judge(loop, zygote, [str(TASK), str(SOLUTION), *QUICK], cwd="/nonexistent-dir")
+    assert code == 126 and "chdir failed" in err
+
+
+def test_killed_judge_is_reported_and_the_zygote_keeps_serving(
+    loop: asyncio.AbstractEventLoop, zygote: JudgeZygote, tmp_path: Path
+) -> None:
+    slow_task = tmp_path / "slow_task.py"
+    slow_task.write_text("import time\ntime.sleep(120)\n" + TASK.read_text())
+    code, _, _ = _judge(loop, zygote, [str(slow_task), str(SOLUTION), *QUICK], kill_after=1.0)
+    assert code == -signal.SIGKILL
+    code, _, err = _judge(loop, zygote, ["/nonexistent/task.py", str(SOLUTION), *QUICK])
+    assert code == 2 and "does not exist" in err
+
+
+def test_spawn_after_the_zygote_exited_raises(
+    loop: asyncio.AbstractEventLoop, zygote: JudgeZygote, tmp_path: Path
+) -> None:
+    """Last in this module: it ends the shared zygote."""
+
+    async def scenario() -> None:
+        zygote.proc.kill()
+        await zygote.proc.wait()
+        await asyncio.sleep(0.2)
+        assert not zygote.alive
+        with pytest.raises(ZygoteError):
+            await zygote.spawn(
+                [str(TASK), str(SOLUTION)], _spec(tmp_path), str(tmp_path / "o"), str(tmp_path / "e")
+            )
+
+    loop.run_until_complete(scenario())
