@@ -12,6 +12,8 @@ Measures (targets from the judge issue):
   cached                  the same candidate again (all objects and the link cached)               <= 2 s p50
   speedup CV              10 re-evaluations of one kernel: CV of speedup vs eager and vs compile   <= 1 %
   evaluations / GPU-hour  fresh candidates with several builds in flight, vs one at a time
+With --via zygote every evaluation is forked from a judge zygote started once (as the session server runs
+the judge: torch and inductor imported once per server) instead of a fresh `cuda-agent judge` process.
 Baselines: torch's own cpp_extension.load() of the same sources in a fresh build directory (cold build);
 per-call CUDA-event timing with an L2 flush (KernelBench's method) for the eager/compile ratio's CV; one
 evaluation in flight for throughput. Uses the device image's packages only (torch, ninja, nvcc); the judge
@@ -21,6 +23,7 @@ runs as `cuda_agent.cli judge` with PYTHONPATH = sandbox_image:platform. Raw rep
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -28,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -97,6 +101,57 @@ class Evaluation:
         return self.report is not None and self.report.get("reward") in (1, 2, 3)
 
 
+class ZygoteRunner:
+    """Judges forked from one judge zygote (the session server's way), driven from this synchronous
+    bench through an event loop on its own thread. Its start-up is printed, not charged to evaluations."""
+
+    def __init__(self, env: dict[str, str], out: Path) -> None:
+        from cuda_agent.sandbox.server.judge_zygote import JudgeZygote
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.env = env
+        started = time.monotonic()
+        start = JudgeZygote.start(sys.executable, env, str(out / "zygote.log"), isolated=False)
+        self.zygote = asyncio.run_coroutine_threadsafe(start, self.loop).result()
+        print(f"judge zygote ready in {time.monotonic() - started:.1f} s (once per server)", flush=True)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.zygote.close(), self.loop).result()
+
+    def run(self, argv: list[str], work: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+        job = Path(tempfile.mkdtemp(prefix="job-", dir=work))
+        spec = {
+            "env": self.env,
+            "cwd": str(REPO),
+            "uid": None,
+            "gid": None,
+            "groups": [],
+            "rlimits": {},
+            "new_netns": False,
+            "new_mountns": False,
+            "masks": [],
+            "hide": [],
+            "seccomp": None,
+            "oom_score_adj": None,
+            "umask": 0o022,
+            "landlock": None,
+        }
+
+        async def judge() -> int | None:
+            forked = await self.zygote.spawn(argv, spec, str(job / "out"), str(job / "err"))
+            try:
+                await asyncio.wait_for(forked.exited.wait(), timeout)
+            except TimeoutError:
+                os.killpg(forked.pid, 9)
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+            return forked.returncode
+
+        code = asyncio.run_coroutine_threadsafe(judge(), self.loop).result()
+        out, err = (job / "out").read_text(), (job / "err").read_text()
+        return subprocess.CompletedProcess(argv, code if code is not None else -1, out, err)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -121,6 +176,7 @@ class Bench:
         self.rows: list[tuple[str, str, str, str, str, str]] = []
         self.cold_candidate_p50: float | None = None
         self.breakdowns: list[tuple[str, float, dict[str, float]]] = []
+        self.zygote = ZygoteRunner(self.env, self.out) if args.via == "zygote" else None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -153,15 +209,18 @@ class Bench:
         ]
         started = time.monotonic()
         try:
-            proc = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                env=self.env,
-                cwd=REPO,
-                check=False,
-                timeout=self.args.item_timeout,
-            )
+            if self.zygote is not None:
+                proc = self.zygote.run(command[3:], self.work, self.args.item_timeout)
+            else:
+                proc = subprocess.run(
+                    command,
+                    capture_output=True,
+                    text=True,
+                    env=self.env,
+                    cwd=REPO,
+                    check=False,
+                    timeout=self.args.item_timeout,
+                )
         except subprocess.TimeoutExpired:
             print(f"  {label:<18} killed after {self.args.item_timeout:.0f} s", flush=True)
             return Evaluation(time.monotonic() - started, None, "timeout")
@@ -456,12 +515,22 @@ def main(argv: list[str] | None = None) -> int:
         default="cold,candidate,kernel,cached,cv,throughput",
         help="comma-separated subset of cold,candidate,kernel,cached,cv,throughput (in this order)",
     )
+    parser.add_argument(
+        "--via",
+        choices=("exec", "zygote"),
+        default="exec",
+        help="a fresh judge process per evaluation, or judges forked from one zygote (the server's way)",
+    )
     args = parser.parse_args(argv)
+    if args.via == "zygote":
+        sys.path[:0] = [str(REPO / "sandbox_image"), str(REPO / "platform")]
+        if args.deps:
+            sys.path.insert(0, str(args.deps.resolve()))
 
     bench = Bench(args)
     print(
         f"judge_bench: candidate {args.candidate}, task {bench.task.name} at full scale, "
-        f"budget {args.budget:.0f} s",
+        f"budget {args.budget:.0f} s, judges via {args.via}",
         flush=True,
     )
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
@@ -481,6 +550,8 @@ def main(argv: list[str] | None = None) -> int:
             if name in sections:
                 section()
     finally:
+        if bench.zygote is not None:
+            bench.zygote.close()
         shutil.rmtree(bench.work, ignore_errors=True)
     if bench.over_budget():
         print(f"note: the {args.budget:.0f} s budget ran out; later sections ran fewer times or not at all")

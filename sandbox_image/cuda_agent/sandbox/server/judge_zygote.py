@@ -208,12 +208,15 @@ class JudgeZygote:
         self._pump: asyncio.Task[None] | None = None
 
     @classmethod
-    async def start(cls, python: str, env: dict[str, str], log_path: str) -> JudgeZygote:
+    async def start(
+        cls, python: str, env: dict[str, str], log_path: str, isolated: bool = True
+    ) -> JudgeZygote:
+        """`isolated`: python -I (the server's way); off only where the judge is found through PYTHONPATH."""
         ours, theirs = socket.socketpair()
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 python,
-                "-I",
+                *(["-I"] if isolated else []),
                 "-m",
                 "cuda_agent.sandbox.server.judge_zygote",
                 str(theirs.fileno()),
