@@ -55,7 +55,11 @@ def start_server(args: argparse.Namespace, root: Path) -> tuple[subprocess.Popen
     judge = (
         [sys.executable, str(FAKE_JUDGE)]
         if args.judge == "fake"
-        else [sys.executable, "-m", "cuda_agent.cli", "judge"]
+        else [
+            sys.executable,
+            "-m",
+            "cuda_agent.sandbox.judge.cli",
+        ]  # the default: judges forked by the zygote
     )
     judge_dir = FAKE_JUDGE.parent if args.judge == "fake" else REAL_JUDGE_DIR
     command = [

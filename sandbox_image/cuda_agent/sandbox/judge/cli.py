@@ -90,18 +90,16 @@ def _summary(result: object) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    # Heavy imports (torch) only after the arguments are known to be valid. CUDA's availability comes
-    # from NVML: initialising CUDA here would break the workers the orchestrator forks later.
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    # Heavy imports (torch) only after the arguments are known to be valid.
     import torch
 
     from cuda_agent.sandbox.judge import orchestrator
     from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings, Timeouts, Tolerances
 
-    device: Literal["cpu", "cuda"] = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        print("cuda-agent judge: --device cuda but no CUDA device is available", file=sys.stderr)
-        return 2
+    # No CUDA call here: asking the driver (even for a device count) makes torch refuse CUDA in every
+    # process forked afterwards, and the orchestrator forks its workers first. It checks availability then.
+    cuda_built = torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
+    device: Literal["cpu", "cuda"] = args.device or ("cuda" if cuda_built else "cpu")
     for label, path in (("TASK", args.task), ("CANDIDATE", args.candidate)):
         if not path.exists():
             print(f"cuda-agent judge: {label} {path} does not exist", file=sys.stderr)

@@ -728,8 +728,12 @@ class JudgeRun:
             res.speedup.compile = res.timings_ms.compile / cand
 
     def execute(self) -> JudgeResult:
+        if self.cfg.device == "cuda" and torch.cuda._is_in_bad_fork():
+            raise RuntimeError("this judge was forked from a process that used CUDA: it cannot use CUDA")
         # Forked first: no worker ever has the master seed, a key or a CUDA context in its memory.
         self.spares = {"judge": WorkerSession(), "collect": WorkerSession()}
+        if self.cfg.device == "cuda" and not torch.cuda.is_available():
+            raise UsageError("--device cuda but no CUDA device is available")
         try:
             return self.judge_with_workers()
         finally:

@@ -69,7 +69,21 @@ def preload() -> dict[str, Any]:
         raise RuntimeError("CUDA was initialised during preload: forked judges could not use it")
     if threading.active_count() > 1:
         raise RuntimeError(f"{threading.active_count()} Python threads after preload: forking is unsafe")
+    if torch.version.cuda is not None and os.path.exists("/dev/nvidiactl") and not _children_can_use_cuda():
+        # A driver query during preload makes torch refuse CUDA in every forked child.
+        raise RuntimeError("preload touched the CUDA driver: forked judges could not use CUDA")
     return {"ready": True, "pid": os.getpid(), "loaded": loaded, "skipped": skipped}
+
+
+def _children_can_use_cuda() -> bool:
+    """Fork a throwaway child and ask torch whether it would refuse CUDA there."""
+    import torch
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _warm_cpu_isa() -> None:
