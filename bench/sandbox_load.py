@@ -89,6 +89,8 @@ def start_server(args: argparse.Namespace, root: Path) -> tuple[subprocess.Popen
     ]
     if args.gpus is not None:
         command += ["--gpus", str(args.gpus)]
+    if args.shared_judge_cache:
+        command += ["--shared-judge-cache", "true"]
     log = open(root / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
     assert proc.stdout is not None
@@ -268,6 +270,11 @@ def main() -> int:
     parser.add_argument("--think-ms", type=float, default=0.0, help="mean agent think time between calls")
     parser.add_argument("--judge-every", type=int, default=5, help="verify every N rounds per session")
     parser.add_argument("--judges", type=int, default=2, help="--max-concurrent-judges of the started server")
+    parser.add_argument(
+        "--shared-judge-cache",
+        action="store_true",
+        help="one build cache for all sessions: a faster warm-up (timed runs are cached either way)",
+    )
     parser.add_argument("--gpus", type=int, default=None)
     parser.add_argument("--runs", type=int, default=4, help="timed judge runs per session (gpu-throughput)")
     parser.add_argument("--uid-base", type=int, default=52000)

@@ -90,14 +90,16 @@ def _summary(result: object) -> str:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    # Heavy imports (torch) only after the arguments are known to be valid.
+    # Heavy imports (torch) only after the arguments are known to be valid. Any CUDA availability check
+    # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
+    # forked afterwards, and the orchestrator forks its workers.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     import torch
 
     from cuda_agent.sandbox.judge import orchestrator
     from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings, Timeouts, Tolerances
 
-    # No CUDA call here: asking the driver (even for a device count) makes torch refuse CUDA in every
-    # process forked afterwards, and the orchestrator forks its workers first. It checks availability then.
+    # No CUDA call here: the orchestrator checks availability after forking its workers.
     cuda_built = torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
     device: Literal["cpu", "cuda"] = args.device or ("cuda" if cuda_built else "cpu")
     for label, path in (("TASK", args.task), ("CANDIDATE", args.candidate)):

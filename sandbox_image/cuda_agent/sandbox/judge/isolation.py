@@ -230,6 +230,9 @@ def worker_env(workspace: Workspace, device: str) -> dict[str, str]:
     env.update(
         HOME=home,
         TMPDIR=home,
+        # getpass.getuser() (inductor's default cache path) fails for a uid without a passwd entry.
+        USER="cuda-agent-judge",
+        LOGNAME="cuda-agent-judge",
         LANG="C.UTF-8",
         PYTHONHASHSEED="0",
         PYTHONDONTWRITEBYTECODE="1",

@@ -99,7 +99,8 @@ class JudgeService:
         self.zygote_dir = config.state_dir / "judge-zygote"
         # Judges forked from a pre-started zygote (torch and inductor already imported) when the judge is
         # this package's own CLI; any other judge command is exec'd as given.
-        self.use_zygote = config.judge_zygote and config.judge_command == default_judge_command()
+        wanted = config.judge_zygote == "on" or (config.judge_zygote == "auto" and gpus == 0)
+        self.use_zygote = wanted and config.judge_command == default_judge_command()
         self.zygote: JudgeZygote | None = None
         self._zygote_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(config.max_concurrent_judges)

@@ -31,59 +31,96 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-# Imported before any request: what every judge and every worker would otherwise import itself.
+# Imported before any request: what every judge and every worker would otherwise import itself. On a GPU
+# host only torch and dynamo: importing inductor, the judge's own modules or running inductor's CPU ISA
+# probe queries the CUDA driver (or NVML, where PYTORCH_NVML_BASED_CUDA_CHECK asks it to), after which
+# processes forked below lose CUDA or its generators (tests/gpu/fork_cuda_check.py, on the H200). The
+# judge imports the rest itself, exactly as an exec'd judge does before forking its workers.
+PRELOAD_GPU_HOST = ("torch", "torch._dynamo")
 PRELOAD = (
-    "torch",
-    "torch._dynamo",
+    *PRELOAD_GPU_HOST,
     "torch._inductor.compile_fx",
     "torch._inductor.codecache",
     "cuda_agent.sandbox.judge.cli",
     "cuda_agent.sandbox.judge.orchestrator",
     "cuda_agent.sandbox.judge.worker",
 )
-# Needed only on CUDA hosts (triton); best effort elsewhere.
-PRELOAD_OPTIONAL = ("torch._inductor.runtime.triton_heuristics",)
 READY_TIMEOUT_S = 300.0
 
 
 # --- the zygote process ----------------------------------------------------------------------------------
 
 
+def cuda_host() -> bool:
+    """A CUDA build of torch on a machine with an NVIDIA driver (no driver call: see PRELOAD)."""
+    import torch
+
+    return torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
+
+
 def preload() -> dict[str, Any]:
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # availability without initialising CUDA
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # inductor compiles in-process in the worker
-    loaded, skipped = [], []
-    for name in PRELOAD:
+    gpu = cuda_host()
+    loaded = []
+    for name in PRELOAD_GPU_HOST if gpu else PRELOAD:
         importlib.import_module(name)
         loaded.append(name)
-    for name in PRELOAD_OPTIONAL:
-        try:
-            importlib.import_module(name)
-            loaded.append(name)
-        except Exception as exc:  # no triton on a CPU-only image
-            skipped.append(f"{name}: {type(exc).__name__}")
-    _warm_cpu_isa()
+    if not gpu:
+        _warm_cpu_isa()
     import torch
 
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         raise RuntimeError("CUDA was initialised during preload: forked judges could not use it")
     if threading.active_count() > 1:
         raise RuntimeError(f"{threading.active_count()} Python threads after preload: forking is unsafe")
-    if torch.version.cuda is not None and os.path.exists("/dev/nvidiactl") and not _children_can_use_cuda():
-        # A driver query during preload makes torch refuse CUDA in every forked child.
-        raise RuntimeError("preload touched the CUDA driver: forked judges could not use CUDA")
-    return {"ready": True, "pid": os.getpid(), "loaded": loaded, "skipped": skipped}
+    if gpu:
+        problem = _grandchild_cuda_problem()
+        if problem:
+            raise RuntimeError(f"a judge forked from this zygote could not use CUDA: {problem}")
+    return {"ready": True, "pid": os.getpid(), "loaded": loaded, "cuda_host": gpu}
 
 
-def _children_can_use_cuda() -> bool:
-    """Fork a throwaway child and ask torch whether it would refuse CUDA there."""
-    import torch
-
+def _grandchild_cuda_problem() -> str:
+    """Fork a judge-like child that forks a worker-like grandchild, which tries what a worker needs from
+    CUDA; '' when all is well (the zygote itself never touches CUDA)."""
+    read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+        try:
+            grandchild = os.fork()
+            if grandchild == 0:
+                try:
+                    problem = _cuda_problem_here()
+                except Exception as exc:
+                    problem = f"{type(exc).__name__}: {exc}"
+                os.write(write_fd, problem.encode()[:4000] or b"ok")
+                os._exit(0)
+            os.waitpid(grandchild, 0)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as reader:
+        answer = reader.read().decode(errors="replace")
+    return "" if answer == "ok" else answer or "the check process reported nothing"
+
+
+def _cuda_problem_here() -> str:
+    """What the judge needs from CUDA in a worker, tried: a context, one generator per device, RNG state
+    (dynamo saves it around tracing) and seeded draws that repeat. '' when all of it works."""
+    import torch
+
+    torch.empty(1, device="cuda")
+    count, generators = torch.cuda.device_count(), len(torch.cuda.default_generators)
+    if count != generators:
+        return f"{count} devices, {generators} generators"
+    torch.cuda.get_rng_state()
+    draws = []
+    for _ in range(2):
+        torch.manual_seed(1234)
+        with torch.device("cuda"):
+            draws.append(torch.randn(4096).sum().item())
+    return "" if draws[0] == draws[1] else "seeded CUDA draws differ"
 
 
 def _warm_cpu_isa() -> None:
@@ -162,7 +199,7 @@ def _judge_child(request: dict[str, Any], out: int, err: int) -> NoReturn:
         launcher.confine(spec)
         os.environ.clear()
         os.environ.update(spec["env"])
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as the judge CLI sets it (see cli.main)
         tempfile.tempdir = None  # recomputed from the judge's TMPDIR
         code = cli.main(request["argv"])
     except SystemExit as exc:
