@@ -163,14 +163,14 @@ class Bench:
         paths += [str(REPO / "sandbox_image"), str(REPO / "platform")]
         if os.environ.get("PYTHONPATH"):
             paths.append(os.environ["PYTHONPATH"])
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "CUDA_AGENT_TASK_SCALE": "full"}
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "CUDA_AGENT_TASK_SCALE": args.scale}
         task, variant = args.candidate.split("/")
         self.solution = SOLUTIONS_DIR / task / variant
         if not (self.solution / "kernels").is_dir():
             raise SystemExit(
                 f"judge_bench: --candidate {args.candidate} must be a workspace (kernels/) solution"
             )
-        self.task = task_at_scale(TASKS_DIR / f"{task}.py", "full", self.work / "tasks")
+        self.task = task_at_scale(TASKS_DIR / f"{task}.py", args.scale, self.work / "tasks")
         self.warm_cache = self.work / "cache-warm"
         self.log_index = 0
         self.rows: list[tuple[str, str, str, str, str, str]] = []
@@ -202,7 +202,7 @@ class Bench:
             str(self.task),
             str(candidate),
             "--device",
-            "cuda",
+            self.args.device,
             "--json",
             "--cache-dir",
             str(cache),
@@ -408,7 +408,7 @@ class Bench:
 
     def naive_ratio_cv(self) -> float | None:
         """CV of the eager/compile time ratio measured KernelBench's way (same task, same GPU, same run)."""
-        if self.over_budget():
+        if self.over_budget() or self.args.device != "cuda":
             return None
         proc = subprocess.run(
             [sys.executable, "-c", NAIVE_TIMING, str(self.task), str(self.args.cv_runs), "50"],
@@ -516,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated subset of cold,candidate,kernel,cached,cv,throughput (in this order)",
     )
     parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the same sections on a machine without a GPU (use a cpu_ws candidate; no cv section)",
+    )
+    parser.add_argument("--scale", default="full", help="task scale (examples/tasks/README.md)")
+    parser.add_argument(
         "--via",
         choices=("exec", "zygote"),
         default="exec",
@@ -529,8 +536,8 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = Bench(args)
     print(
-        f"judge_bench: candidate {args.candidate}, task {bench.task.name} at full scale, "
-        f"budget {args.budget:.0f} s, judges via {args.via}",
+        f"judge_bench: candidate {args.candidate}, task {bench.task.name} at {args.scale} scale, "
+        f"device {args.device}, budget {args.budget:.0f} s, judges via {args.via}",
         flush=True,
     )
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
