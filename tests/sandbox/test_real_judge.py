@@ -45,8 +45,14 @@ def test_agent_session_verifies_and_profiles_with_the_real_judge(server: Running
 
 
 def test_reward_service_judges_a_wrong_candidate_as_minus_one(server: RunningServer) -> None:
+    """With the torch.compile baseline on: it is compiled before the candidate loads, by a worker whose
+    uid has no passwd entry (inductor's getpass.getuser() once failed there, silently dropping it)."""
     wrong = SOLUTION.replace("+ pc[i]", "- pc[i]")
     assert wrong != SOLUTION
-    result = server.client.evaluate(EvaluateRequest(task=TaskRef(source=TASK), model_new=wrong, judge=QUICK))
+    with_compile = QUICK.model_copy(update={"compile_mode": "default"})
+    request = EvaluateRequest(task=TaskRef(source=TASK), model_new=wrong, judge=with_compile)
+    result = server.client.evaluate(request)
     assert result.reward == -1 and result.compiled and not result.correct
     assert result.error is not None and result.error.startswith("wrong result")
+    notes = (result.model_extra or {}).get("notes", [])
+    assert any("torch.compile baseline (default) compiled" in n for n in notes), notes

@@ -44,7 +44,6 @@ from cuda_agent.sandbox.judge import task as task_lib
 from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeResult, milestone_reward
 
 JUDGE_DIR = Path(__file__).resolve().parent
-JUDGE_ROOT = JUDGE_DIR.parents[2]  # the directory holding the `cuda_agent` namespace of this judge
 
 
 class UsageError(Exception):

@@ -97,8 +97,8 @@ class JudgeService:
         self.shared_cache = config.state_dir / "judge-cache"
         self.gpu_locks = [GpuTicketLock(self.gpu_dir / f"gpu{i}.lock") for i in range(gpus)]
         self.zygote_dir = config.state_dir / "judge-zygote"
-        # Judges forked from a pre-started zygote (torch and inductor already imported) when the judge is
-        # this package's own CLI; any other judge command is exec'd as given.
+        # Judges forked from a pre-started zygote (torch already imported) when the judge is this package's
+        # own CLI; any other judge command is exec'd as given.
         wanted = config.judge_zygote == "on" or (config.judge_zygote == "auto" and gpus == 0)
         self.use_zygote = wanted and config.judge_command == default_judge_command()
         self.zygote: JudgeZygote | None = None
@@ -197,11 +197,13 @@ class JudgeService:
             scratch = str(job_dir / "scratch")
             writable = [scratch] + ([env[JUDGE_CACHE_ENV]] if JUDGE_CACHE_ENV in env else [])
             spec = self.isolation.judge_spec(slot, argv, env, scratch, writable, [str(job_dir)])
+            run = None
             zygote = await self.zygote_for_judging()
             if zygote is not None:
                 cli_args = argv[len(self.config.judge_command) :]
-                run = await self._spawn_forked(stage, zygote, cli_args, spec, job_dir)
-            else:
+                with contextlib.suppress(ZygoteError):  # it died just now: this run is exec'd instead
+                    run = await self._spawn_forked(stage, zygote, cli_args, spec, job_dir)
+            if run is None:
                 run = await self._spawn(stage, self.isolation.launch_argv(spec))
             if run.result is not None:
                 run.lock_wait_s = run.result.lock_wait_s or 0.0
