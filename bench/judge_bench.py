@@ -120,23 +120,10 @@ class ZygoteRunner:
         asyncio.run_coroutine_threadsafe(self.zygote.close(), self.loop).result()
 
     def run(self, argv: list[str], work: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+        from cuda_agent.sandbox.server.isolation import unconfined_spec
+
         job = Path(tempfile.mkdtemp(prefix="job-", dir=work))
-        spec = {
-            "env": self.env,
-            "cwd": str(REPO),
-            "uid": None,
-            "gid": None,
-            "groups": [],
-            "rlimits": {},
-            "new_netns": False,
-            "new_mountns": False,
-            "masks": [],
-            "hide": [],
-            "seccomp": None,
-            "oom_score_adj": None,
-            "umask": 0o022,
-            "landlock": None,
-        }
+        spec = unconfined_spec([], self.env, str(REPO))
 
         async def judge() -> int | None:
             forked = await self.zygote.spawn(argv, spec, str(job / "out"), str(job / "err"))

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from cuda_agent.sandbox.judge.config import default_cache_dir
+from cuda_agent.sandbox.server.isolation import unconfined_spec
 from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
@@ -53,23 +54,7 @@ def _spec(job: Path, **changes: Any) -> dict[str, Any]:
         "TMPDIR": str(job),
         "CUDA_AGENT_JUDGE_CACHE": str(default_cache_dir()),  # shared with test_solutions: builds hit
     }
-    spec = {
-        "env": env,
-        "cwd": str(job),
-        "uid": None,
-        "gid": None,
-        "groups": [],
-        "rlimits": {"RLIMIT_CORE": [0, 0]},
-        "new_netns": False,
-        "new_mountns": False,
-        "masks": [],
-        "hide": [],
-        "seccomp": None,
-        "oom_score_adj": None,
-        "umask": 0o022,
-        "landlock": None,
-    }
-    return spec | changes
+    return unconfined_spec([], env, str(job), rlimits={"RLIMIT_CORE": [0, 0]}) | changes
 
 
 def _judge(

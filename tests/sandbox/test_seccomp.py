@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.sandbox.server.isolation import launch_argv
+from cuda_agent.sandbox.server.isolation import launch_argv, unconfined_spec
 from cuda_agent.sandbox.server.seccomp_bpf import DENIED_ALWAYS, FilterPolicy, build_filter
 
 PROFILE = Path(__file__).parents[2] / "sandbox_image" / "seccomp" / "sandbox.json"
@@ -130,31 +130,11 @@ print(__import__("json").dumps(results))
 """
 
 
-def _spec(argv: list[str], **overrides: object) -> dict[str, object]:
-    """A launcher spec that changes nothing but what `overrides` name (no user switch, no namespaces)."""
-    spec: dict[str, object] = {
-        "argv": argv,
-        "env": {"PATH": "/usr/bin:/bin"},
-        "cwd": "/",
-        "uid": None,
-        "gid": None,
-        "groups": [],
-        "rlimits": {},
-        "new_netns": False,
-        "new_mountns": False,
-        "masks": [],
-        "hide": [],
-        "seccomp": None,
-        "oom_score_adj": None,
-        "umask": 0o022,
-    }
-    return spec | overrides
-
-
 def _run_filtered(policy: FilterPolicy) -> dict[str, str]:
     if os.uname().machine not in ("x86_64",):
         pytest.skip("the probe uses x86_64 syscall numbers")
-    spec = _spec([sys.executable, "-c", PROBE, str(os.getpid())], seccomp=build_filter(policy).hex())
+    argv = [sys.executable, "-c", PROBE, str(os.getpid())]
+    spec = unconfined_spec(argv, {"PATH": "/usr/bin:/bin"}, "/", seccomp=build_filter(policy).hex())
     out = subprocess.run(
         launch_argv(spec), capture_output=True, text=True, start_new_session=True, timeout=60, check=True
     )
@@ -204,8 +184,10 @@ def test_hidden_device_paths_may_be_directories(tmp_path: Path) -> None:
     (caps / "nvidia-cap1").write_text("secret")
     node = tmp_path / "nvidia0"
     node.write_text("device")
-    spec = _spec(
+    spec = unconfined_spec(
         [sys.executable, "-c", HIDE_PROBE, str(caps), str(node)],
+        {"PATH": "/usr/bin:/bin"},
+        "/",
         new_mountns=True,
         hide=[str(caps), str(node)],
     )

@@ -217,6 +217,29 @@ def landlock_abi() -> int:
     return int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
 
 
+def unconfined_spec(argv: list[str], env: dict[str, str], cwd: str, **changes: Any) -> dict[str, Any]:
+    """A launcher spec that confines nothing (no user switch, namespaces, limits, Landlock or seccomp):
+    tests and benchmarks add exactly the steps they exercise through `changes`."""
+    spec: dict[str, Any] = {
+        "argv": argv,
+        "env": env,
+        "cwd": cwd,
+        "uid": None,
+        "gid": None,
+        "groups": [],
+        "rlimits": {},
+        "new_netns": False,
+        "new_mountns": False,
+        "masks": [],
+        "hide": [],
+        "seccomp": None,
+        "oom_score_adj": None,
+        "umask": 0o022,
+        "landlock": None,
+    }
+    return spec | changes
+
+
 def launch_argv(spec: dict[str, Any]) -> list[str]:
     """The command that runs `spec` through the launcher (spec values: str, int, bool, None, list, dict)."""
     return [sys.executable, "-I", "-S", str(LAUNCHER), marshal.dumps(spec).hex()]
