@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 # Imported before any request: what every judge and every worker would otherwise import itself. On a GPU
 # host only torch and dynamo: importing inductor, the judge's own modules or running inductor's CPU ISA
 # probe queries the CUDA driver (or NVML, where PYTORCH_NVML_BASED_CUDA_CHECK asks it to), after which
-# processes forked below lose CUDA or its generators (tests/gpu/fork_cuda_check.py, on the H200). The
+# processes forked below cannot use CUDA, or not correctly (tests/gpu/fork_cuda_check.py, H200). The
 # judge imports the rest itself, exactly as an exec'd judge does before forking its workers.
 PRELOAD_GPU_HOST = ("torch", "torch._dynamo")
 PRELOAD = (
