@@ -94,14 +94,11 @@ def main(argv: Sequence[str]) -> int:
     # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
     # forked afterwards, and the orchestrator forks its workers.
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    import torch
-
-    from cuda_agent.sandbox.judge import orchestrator
+    from cuda_agent.sandbox.judge import isolation, orchestrator
     from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings, Timeouts, Tolerances
 
     # No CUDA call here: the orchestrator checks availability after forking its workers.
-    cuda_built = torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
-    device: Literal["cpu", "cuda"] = args.device or ("cuda" if cuda_built else "cpu")
+    device: Literal["cpu", "cuda"] = args.device or ("cuda" if isolation.cuda_host() else "cpu")
     for label, path in (("TASK", args.task), ("CANDIDATE", args.candidate)):
         if not path.exists():
             print(f"cuda-agent judge: {label} {path} does not exist", file=sys.stderr)

@@ -9,6 +9,7 @@ Each step reports what it achieved; an older kernel degrades the report, never t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -248,3 +249,27 @@ def worker_env(workspace: Workspace, device: str) -> dict[str, str]:
     if device == "cpu":
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
+
+
+def cuda_host() -> bool:
+    """A CUDA build of torch on a machine with an NVIDIA driver, decided without any CUDA call (a driver
+    query would make torch refuse CUDA in every process forked afterwards)."""
+    import torch
+
+    return torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
+
+
+def close_inherited_fds(keep: tuple[int, ...] = ()) -> None:
+    """Close every descriptor above stderr except `keep`: a forked child starts with its parent's."""
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        if fd > 2 and fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def adopt_environment(env: dict[str, str]) -> None:
+    """Replace this forked process's environment with `env`, as if it had been exec'd with it; the temp
+    directory, which the parent may have cached from its own TMPDIR, is recomputed."""
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None

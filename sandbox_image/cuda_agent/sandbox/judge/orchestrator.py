@@ -731,9 +731,9 @@ class JudgeRun:
             raise RuntimeError("this judge was forked from a process that used CUDA: it cannot use CUDA")
         # Forked first: no worker ever has the master seed, a key or a CUDA context in its memory.
         self.spares = {"judge": WorkerSession(), "collect": WorkerSession()}
-        if self.cfg.device == "cuda" and not torch.cuda.is_available():
-            raise UsageError("--device cuda but no CUDA device is available")
         try:
+            if self.cfg.device == "cuda" and not torch.cuda.is_available():
+                raise UsageError("--device cuda but no CUDA device is available")
             return self.judge_with_workers()
         finally:
             for spare in self.spares.values():

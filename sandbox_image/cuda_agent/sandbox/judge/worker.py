@@ -24,7 +24,6 @@ import io
 import os
 import pstats
 import sys
-import tempfile
 import time
 import traceback
 import types
@@ -553,10 +552,7 @@ def _detach(keep: tuple[int, ...]) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
-        if fd > 2 and fd not in keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+    isolation.close_inherited_fds(keep)
     # The orchestrator's working directory (a `python -m` start puts it on sys.path) is not ours.
     cwd = os.getcwd()
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd]
@@ -565,9 +561,7 @@ def _detach(keep: tuple[int, ...]) -> None:
 def _adopt(config: dict[str, Any]) -> None:
     """The environment and output the worker would have had as a fresh process: the scrubbed env
     (CUDA reads it at initialisation, after this) and the private log for anything candidate code prints."""
-    os.environ.clear()
-    os.environ.update(config["env"])
-    tempfile.tempdir = None  # recomputed from TMPDIR (the parent cached its own, outside our Landlock rules)
+    isolation.adopt_environment(config["env"])
     log = os.open(config["log"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     os.dup2(log, 1)
     os.dup2(log, 2)

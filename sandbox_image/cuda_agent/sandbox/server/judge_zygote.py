@@ -1,8 +1,8 @@
-"""The judge zygote: one pre-started process that has imported torch, inductor and the judge, and forks a
-judge per evaluation (docs/judge.md, "Process model").
+"""The judge zygote: one pre-started process that has imported torch (and, where no GPU is, inductor and
+the judge) and forks a judge per evaluation (docs/judge.md, "Process model").
 
-A judge started by exec spends seconds importing torch (twice: the orchestrator, then its worker) and
-inductor before judging anything. The zygote pays that once. It never runs candidate code, never
+A judge started by exec spends seconds importing torch and, on a CPU host, running inductor's ISA probe
+before judging anything. The zygote pays that once. It never runs candidate code, never
 initialises CUDA (a forked CUDA context is unusable) and holds no secret: a request carries only the
 launcher spec (the same one an exec'd judge gets) and the judge's arguments. Each child opens its
 output files, applies the spec's confinement (`launcher.confine`: namespaces, rlimits, user switch,
@@ -25,7 +25,6 @@ import os
 import selectors
 import socket
 import sys
-import tempfile
 import threading
 import traceback
 from dataclasses import dataclass, field
@@ -51,15 +50,10 @@ READY_TIMEOUT_S = 300.0
 # --- the zygote process ----------------------------------------------------------------------------------
 
 
-def cuda_host() -> bool:
-    """A CUDA build of torch on a machine with an NVIDIA driver (no driver call: see PRELOAD)."""
-    import torch
-
-    return torch.version.cuda is not None and os.path.exists("/dev/nvidiactl")
-
-
 def preload() -> dict[str, Any]:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # inductor compiles in-process in the worker
+    from cuda_agent.sandbox.judge.isolation import cuda_host
+
     gpu = cuda_host()
     loaded = []
     for name in PRELOAD_GPU_HOST if gpu else PRELOAD:
@@ -146,7 +140,7 @@ def serve(sock: socket.socket) -> None:
                 pending += data
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
-                    reply = _start(json.loads(line), sock, selector)
+                    reply = _start(json.loads(line), selector)
                     sock.sendall(json.dumps(reply).encode() + b"\n")
             else:
                 request_id, pid = key.data
@@ -157,7 +151,7 @@ def serve(sock: socket.socket) -> None:
                 sock.sendall(json.dumps(message).encode() + b"\n")
 
 
-def _start(request: dict[str, Any], sock: socket.socket, selector: selectors.BaseSelector) -> dict[str, Any]:
+def _start(request: dict[str, Any], selector: selectors.BaseSelector) -> dict[str, Any]:
     request_id = request.get("id")
     try:
         out = _create(request["stdout"])
@@ -182,7 +176,7 @@ def _create(path: str) -> int:
 
 def _judge_child(request: dict[str, Any], out: int, err: int) -> NoReturn:
     """Become an exec'd judge would have been: own session, only stdio open, confined, its environment."""
-    from cuda_agent.sandbox.judge import cli
+    from cuda_agent.sandbox.judge import cli, isolation
     from cuda_agent.sandbox.server import launcher
 
     code = 1
@@ -191,16 +185,10 @@ def _judge_child(request: dict[str, Any], out: int, err: int) -> NoReturn:
         null = os.open(os.devnull, os.O_RDONLY)
         for fd, target in ((null, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
-        for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
-            if fd > 2:  # the zygote's socket, other judges' pidfds
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        isolation.close_inherited_fds()  # the zygote's socket, other judges' pidfds
         spec = request["spec"]
         launcher.confine(spec)
-        os.environ.clear()
-        os.environ.update(spec["env"])
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # as the judge CLI sets it (see cli.main)
-        tempfile.tempdir = None  # recomputed from the judge's TMPDIR
+        isolation.adopt_environment(spec["env"])
         code = cli.main(request["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 2
