@@ -23,7 +23,9 @@ QUICK = JudgeOptions(trials=2, profile_trials=5, compile_mode="none")
 @pytest.fixture(scope="module")
 def server() -> Iterator[RunningServer]:
     running = start_server(
-        judge_dir=REAL_JUDGE_DIR, judge_command=[sys.executable, "-m", "cuda_agent.sandbox.judge.cli"]
+        "--shared-judge-cache=true",
+        judge_dir=REAL_JUDGE_DIR,
+        judge_command=[sys.executable, "-m", "cuda_agent.sandbox.judge.cli"],
     )
     try:
         yield running
@@ -43,6 +45,14 @@ def test_agent_session_verifies_and_profiles_with_the_real_judge(server: Running
     assert str(isolation.get("landlock", "")).startswith("on")  # the judge's own confinement still works
     assert server.client.status().judge_zygote  # these judges were forked from the zygote, not exec'd
 
+    # A second session (another slot, so another judge uid) reuses what the first one's judge wrote to
+    # the shared cache: its entries must be open to the judges' group, not to their writer alone.
+    other = server.client.create_session(TASK, name="relu_mul_add", judge=QUICK).session_id
+    server.client.tool(other, "write", {"file_path": "model_new.py", "content": SOLUTION})
+    second = server.client.judge(other, "verify")
+    assert second.result is not None and second.result.correct, second.error or second.result
+    assert second.result.build_cached
+
 
 def test_reward_service_judges_a_wrong_candidate_as_minus_one(server: RunningServer) -> None:
     """With the torch.compile baseline on: it is compiled before the candidate loads, by a worker whose
@@ -56,3 +66,10 @@ def test_reward_service_judges_a_wrong_candidate_as_minus_one(server: RunningSer
     assert result.error is not None and result.error.startswith("wrong result")
     notes = (result.model_extra or {}).get("notes", [])
     assert any("torch.compile baseline (default) compiled" in n for n in notes), notes
+
+    # Another slot's judge compiles the same baseline from the shared cache the first one wrote.
+    right = EvaluateRequest(task=TaskRef(source=TASK), model_new=SOLUTION, judge=with_compile)
+    again = server.client.evaluate(right)
+    assert again.reward >= 1 and again.correct, again.error
+    notes = (again.model_extra or {}).get("notes", [])
+    assert any("compiled before candidate code" in n and "(shared judge cache)" in n for n in notes), notes

@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 import sysconfig
 import tempfile
@@ -143,6 +144,12 @@ class BuildCache:
         for sub in ("pch", "obj", "ext", "locks", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         self.lock_wait_s = 0.0
+        # Entries built in a mkdtemp scratch directory (always 0700, and chmod clears setgid) are renamed
+        # into place: give them what the umask grants (never "other") and the root's setgid bit, so a
+        # cache shared by the judges' group (setgid root, umask 007) stays the group's.
+        umask = os.umask(0o077)
+        os.umask(umask)
+        self.dir_mode = (0o770 & ~umask) | (root.stat().st_mode & stat.S_ISGID)
 
     def obj(self, key: str) -> Path:
         return self.root / "obj" / key[:2] / f"{key}.o"
@@ -178,7 +185,9 @@ class BuildCache:
         os.replace(produced, final)
 
     def scratch(self) -> Path:
-        return Path(tempfile.mkdtemp(dir=self.root / "tmp"))
+        directory = Path(tempfile.mkdtemp(dir=self.root / "tmp"))
+        directory.chmod(self.dir_mode)
+        return directory
 
 
 @dataclass

@@ -518,7 +518,7 @@ class JudgeRun:
     def _worker_config(self, mode: str) -> dict[str, Any]:
         # The shared torch.compile cache: written only by judge workers before any candidate code runs.
         baseline_cache = self.cache.root / "baseline"
-        baseline_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        baseline_cache.mkdir(mode=self.cache.dir_mode & 0o777, parents=True, exist_ok=True)
         return {
             "type": "config",
             "mode": mode,

@@ -171,7 +171,11 @@ class Worker:
                 f"{_monotonic() - start:.1f} s ({where})"
             )
         except Exception as exc:  # inductor unusable here: no compile timing, never a crash
-            self.baseline_notes.append(f"torch.compile unavailable: {type(exc).__name__}: {str(exc)[:300]}")
+            # Trusted phase (no candidate code yet): where inductor failed is worth an operator's look.
+            where = "".join(traceback.format_tb(_innermost(exc).__traceback__)[-3:])
+            self.baseline_notes.append(
+                f"torch.compile unavailable: {type(exc).__name__}: {str(exc)[:300]}\n{where[-1500:]}"
+            )
         finally:
             self.steps["compile_baseline"] = _monotonic() - start
             # Any later (re)compile writes to the private cache; the shared one is sealed below.
@@ -516,6 +520,16 @@ class Worker:
                 return
             else:
                 return
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception at the root of a chain (dynamo wraps inductor's errors once or twice)."""
+    for _ in range(8):
+        cause = exc.__cause__ or exc.__context__
+        if cause is None:
+            break
+        exc = cause
+    return exc
 
 
 def _point_header_cache(root: Path) -> None:

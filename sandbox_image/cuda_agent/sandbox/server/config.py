@@ -72,11 +72,11 @@ class SandboxServerConfig(BaseModel):
     )
     max_background_jobs: int = Field(default=8, ge=1, description="per session")
     judge_command: list[str] = Field(default_factory=default_judge_command)
-    judge_zygote: Literal["auto", "on", "off"] = Field(
-        default="auto",
-        description="fork judges from a pre-started process that has imported torch (seconds faster per "
-        "evaluation; the same confinement), default judge_command only; auto: on where no GPU is shared "
-        "(the GPU path is not yet verified on an H200, docs/judge.md)",
+    judge_zygote: Literal["on", "off"] = Field(
+        default="on",
+        description="fork judges from a pre-started process that has imported torch and inductor (seconds "
+        "faster per evaluation; the same confinement), default judge_command only; judges are exec'd "
+        "when the zygote cannot start or fails its CUDA self-check",
     )
     judge_dir: Path | None = Field(default=None, description="files hash-checked before every judge run")
     frozen_dir: Path | None = Field(

@@ -150,12 +150,17 @@ class Isolation:
         cwd: str,
         writable: list[str],
         readable: list[str],
+        shared_cache: bool = False,
     ) -> dict[str, Any]:
-        """`readable`: the snapshot, read-only even under the server's uid; `writable`: scratch, cache."""
+        """`readable`: the snapshot, read-only even under the server's uid; `writable`: scratch, cache.
+        `shared_cache`: judges of every slot share one setgid cache directory, so what one writes there
+        must stay open to the judges' group (umask 007); its private scratch is 0700 all the same."""
         groups, limits = [self.judge_group], self.config.judge_limits
         spec = self._spec(
             slot.judge_uid, slot.judge_gid, groups, argv, env, cwd, limits, self.judge_filter, []
         )
+        if shared_cache and self.is_root:
+            spec["umask"] = 0o007
         return spec | {"landlock": self._landlock(writable, readable)}
 
     def _landlock(

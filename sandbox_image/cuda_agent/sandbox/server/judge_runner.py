@@ -99,8 +99,7 @@ class JudgeService:
         self.zygote_dir = config.state_dir / "judge-zygote"
         # Judges forked from a pre-started zygote (torch already imported) when the judge is this package's
         # own CLI; any other judge command is exec'd as given.
-        wanted = config.judge_zygote == "on" or (config.judge_zygote == "auto" and gpus == 0)
-        self.use_zygote = wanted and config.judge_command == default_judge_command()
+        self.use_zygote = config.judge_zygote == "on" and config.judge_command == default_judge_command()
         self.zygote: JudgeZygote | None = None
         self._zygote_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(config.max_concurrent_judges)
@@ -196,7 +195,9 @@ class JudgeService:
             ]
             scratch = str(job_dir / "scratch")
             writable = [scratch] + ([env[JUDGE_CACHE_ENV]] if JUDGE_CACHE_ENV in env else [])
-            spec = self.isolation.judge_spec(slot, argv, env, scratch, writable, [str(job_dir)])
+            spec = self.isolation.judge_spec(
+                slot, argv, env, scratch, writable, [str(job_dir)], self.config.shared_judge_cache
+            )
             run = None
             zygote = await self.zygote_for_judging()
             if zygote is not None:

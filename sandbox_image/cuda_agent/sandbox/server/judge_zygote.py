@@ -1,8 +1,8 @@
-"""The judge zygote: one pre-started process that has imported torch (and, where no GPU is, inductor and
-the judge) and forks a judge per evaluation (docs/judge.md, "Process model").
+"""The judge zygote: one pre-started process that has imported torch, inductor and the judge and forks a
+judge per evaluation (docs/judge.md, "Process model").
 
-A judge started by exec spends seconds importing torch and, on a CPU host, running inductor's ISA probe
-before judging anything. The zygote pays that once. It never runs candidate code, never
+A judge started by exec spends seconds importing torch and inductor (and, on a CPU host, running
+inductor's ISA probe) before judging anything. The zygote pays that once. It never runs candidate code, never
 initialises CUDA (a forked CUDA context is unusable) and holds no secret: a request carries only the
 launcher spec (the same one an exec'd judge gets) and the judge's arguments. Each child opens its
 output files, applies the spec's confinement (`launcher.confine`: namespaces, rlimits, user switch,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import importlib
 import json
 import os
@@ -30,80 +31,154 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-# Imported before any request: what every judge and every worker would otherwise import itself. On a GPU
-# host only torch and dynamo: importing inductor, the judge's own modules or running inductor's CPU ISA
-# probe queries the CUDA driver (or NVML, where PYTORCH_NVML_BASED_CUDA_CHECK asks it to), after which
-# processes forked below cannot use CUDA, or not correctly (tests/gpu/fork_cuda_check.py, H200). The
-# judge imports the rest itself, exactly as an exec'd judge does before forking its workers.
-PRELOAD_GPU_HOST = ("torch", "torch._dynamo")
+# Imported before any request: what every judge and every worker would otherwise import itself
+# ("full"). Inductor asks `torch.cuda.is_available()` at import; answered by the CUDA runtime, that
+# makes torch refuse CUDA in every process forked afterwards, so a GPU host's zygote has NVML answer
+# it (PYTORCH_NVML_BASED_CUDA_CHECK). Inductor's CPU ISA probe also broke forked CUDA on the H200, so
+# it runs only on hosts without a GPU. "minimal" (torch and dynamo) is the fallback when a grandchild
+# of a full zygote fails the CUDA self-check (tests/gpu/fork_cuda_check.py).
+PRELOAD_MINIMAL = ("torch", "torch._dynamo")
 PRELOAD = (
-    *PRELOAD_GPU_HOST,
+    *PRELOAD_MINIMAL,
     "torch._inductor.compile_fx",
     "torch._inductor.codecache",
     "cuda_agent.sandbox.judge.cli",
     "cuda_agent.sandbox.judge.orchestrator",
     "cuda_agent.sandbox.judge.worker",
 )
+PRELOAD_LEVELS = {"full": PRELOAD, "minimal": PRELOAD_MINIMAL}
 READY_TIMEOUT_S = 300.0
 
 
 # --- the zygote process ----------------------------------------------------------------------------------
 
 
-def preload() -> dict[str, Any]:
+def preload(level: str = "full") -> dict[str, Any]:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # inductor compiles in-process in the worker
     from cuda_agent.sandbox.judge.isolation import cuda_host
 
     gpu = cuda_host()
+    if gpu:
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     loaded = []
-    for name in PRELOAD_GPU_HOST if gpu else PRELOAD:
+    for name in PRELOAD_LEVELS[level]:
         importlib.import_module(name)
         loaded.append(name)
-    if not gpu:
+    if gpu and "torch._inductor.runtime.triton_heuristics" not in loaded and level == "full":
+        importlib.import_module("torch._inductor.runtime.triton_heuristics")
+        loaded.append("torch._inductor.runtime.triton_heuristics")
+    if not gpu and level == "full":
         _warm_cpu_isa()
     import torch
 
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         raise RuntimeError("CUDA was initialised during preload: forked judges could not use it")
+    if gpu:
+        _release_nvml()
+        held = _device_descriptors()
+        if held:
+            raise RuntimeError(f"the zygote holds device descriptors after preload: {held}")
     if threading.active_count() > 1:
         raise RuntimeError(f"{threading.active_count()} Python threads after preload: forking is unsafe")
     if gpu:
         problem = _grandchild_cuda_problem()
         if problem:
             raise RuntimeError(f"a judge forked from this zygote could not use CUDA: {problem}")
-    return {"ready": True, "pid": os.getpid(), "loaded": loaded, "cuda_host": gpu}
+    return {
+        "ready": True,
+        "pid": os.getpid(),
+        "level": level,
+        "loaded": loaded,
+        "cuda_host": gpu,
+        "os_threads": _os_threads(),
+    }
+
+
+def _release_nvml() -> None:
+    """NVML answered inductor's import-time availability question and stays initialised, holding
+    descriptors to the device nodes. Forked judges and workers close inherited descriptors, which would
+    leave their NVML on closed, later reused, descriptors (on the H200: wrong device counts, dynamo
+    IndexErrors, unseeded generators). So shut it down here, fully: NVML counts its inits."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return
+    for _ in range(1024):
+        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED once the count is back at zero
+            return
+
+
+def _device_descriptors() -> list[str]:
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("/dev/nvidia"):
+                held.append(f"{fd}->{target}")
+    return held
+
+
+def _os_threads() -> list[str]:
+    """Names of this process's OS threads: a fork copies only the calling one, so others are reported."""
+    names = []
+    for tid in sorted(os.listdir("/proc/self/task")):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as comm:
+            names.append(comm.read().strip())
+    return names
 
 
 def _grandchild_cuda_problem() -> str:
-    """Fork a judge-like child that forks a worker-like grandchild, which tries what a worker needs from
-    CUDA; '' when all is well (the zygote itself never touches CUDA)."""
+    """Fork the way a judge runs: a judge-like child forks a worker-like grandchild before touching CUDA,
+    then both draw seeded CUDA inputs (they must agree: the worker regenerates the judge's inputs) and
+    the grandchild also torch.compiles a small function. '' when all is well; the zygote itself never
+    touches CUDA."""
+    from cuda_agent.sandbox.judge.isolation import close_inherited_fds
+
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            close_inherited_fds(keep=(write_fd,))  # as a forked judge does, and its workers after it
             grandchild = os.fork()
             if grandchild == 0:
-                try:
-                    problem = _cuda_problem_here()
-                except Exception as exc:
-                    problem = f"{type(exc).__name__}: {exc}"
-                os.write(write_fd, problem.encode()[:4000] or b"ok")
-                os._exit(0)
-            os.waitpid(grandchild, 0)
+                _report_cuda_problem(write_fd, _cuda_problem_here, compile_too=True)
+            _, status = os.waitpid(grandchild, 0)
+            if os.waitstatus_to_exitcode(status) == 0:
+                _report_cuda_problem(write_fd, _cuda_problem_here, compile_too=False)
         finally:
             os._exit(0)
     os.close(write_fd)
     os.waitpid(pid, 0)
     with os.fdopen(read_fd, "rb") as reader:
-        answer = reader.read().decode(errors="replace")
-    return "" if answer == "ok" else answer or "the check process reported nothing"
+        answers = reader.read().decode(errors="replace").split("\n")
+    worker, judge = [*answers, "", ""][:2]
+    if not worker.startswith("ok ") or not judge.startswith("ok "):
+        problems = [a for a in (worker, judge) if a and not a.startswith("ok ")]
+        return "; ".join(problems) or "the check processes reported nothing"
+    if worker != judge:
+        return f"seeded CUDA draws differ between judge and worker ({judge[3:]} vs {worker[3:]})"
+    return ""
 
 
-def _cuda_problem_here() -> str:
-    """What the judge needs from CUDA in a worker, tried: a context, one generator per device, RNG state
-    (dynamo saves it around tracing) and seeded draws that repeat. '' when all of it works."""
+def _report_cuda_problem(write_fd: int, check: Any, compile_too: bool) -> NoReturn:
+    try:
+        answer = check(compile_too)
+    except Exception as exc:
+        answer = f"{type(exc).__name__}: {str(exc)[:2000]}"
+    os.write(write_fd, answer.replace("\n", " ").encode() + b"\n")
+    os._exit(0)
+
+
+def _cuda_problem_here(compile_too: bool) -> str:
+    """What the judge needs from CUDA in a forked process, tried: a context, one generator per device,
+    RNG state (dynamo saves it around tracing), seeded draws that repeat and, in the worker,
+    torch.compile. 'ok <draw>' when all of it works, else the problem."""
+    import tempfile
+
     import torch
 
+    if torch.cuda.device_count() < 1:  # asked before the context exists, as the orchestrator does
+        return "no CUDA device counted before initialisation"
     torch.empty(1, device="cuda")
     count, generators = torch.cuda.device_count(), len(torch.cuda.default_generators)
     if count != generators:
@@ -114,7 +189,17 @@ def _cuda_problem_here() -> str:
         torch.manual_seed(1234)
         with torch.device("cuda"):
             draws.append(torch.randn(4096).sum().item())
-    return "" if draws[0] == draws[1] else "seeded CUDA draws differ"
+    if draws[0] != draws[1]:
+        return "seeded CUDA draws differ within one process"
+    if compile_too:
+        with tempfile.TemporaryDirectory(prefix="zygote-check-") as cache:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+            os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+            x = torch.randn(4096, device="cuda")
+            compiled = torch.compile(lambda t: torch.relu(t) * 2 + 1)(x)
+            if not torch.allclose(compiled, torch.relu(x) * 2 + 1):
+                return "torch.compile gave a wrong result"
+    return f"ok {draws[0]!r}"
 
 
 def _warm_cpu_isa() -> None:
@@ -208,7 +293,7 @@ def _judge_child(request: dict[str, Any], out: int, err: int) -> NoReturn:
 def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[0]))
     try:
-        hello = preload()
+        hello = preload(argv[1] if len(argv) > 1 else "full")
     except Exception as exc:
         sock.sendall(json.dumps({"ready": False, "error": f"{type(exc).__name__}: {exc}"}).encode() + b"\n")
         return 1
@@ -250,7 +335,23 @@ class JudgeZygote:
     async def start(
         cls, python: str, env: dict[str, str], log_path: str, isolated: bool = True
     ) -> JudgeZygote:
-        """`isolated`: python -I (the server's way); off only where the judge is found through PYTHONPATH."""
+        """The fully preloaded zygote, or the minimal one where a full one fails its start-up checks.
+        `isolated`: python -I (the server's way); off only where the judge is found through PYTHONPATH."""
+        try:
+            return await cls.start_level("full", python, env, log_path, isolated)
+        except ZygoteError as exc:
+            full_error = exc
+        try:
+            zygote = await cls.start_level("minimal", python, env, log_path, isolated)
+        except ZygoteError as exc:
+            raise ZygoteError(f"{full_error}; minimal preload: {exc}") from exc
+        zygote.hello["full_preload_error"] = str(full_error)
+        return zygote
+
+    @classmethod
+    async def start_level(
+        cls, level: str, python: str, env: dict[str, str], log_path: str, isolated: bool
+    ) -> JudgeZygote:
         ours, theirs = socket.socketpair()
         with open(log_path, "ab") as log:
             proc = await asyncio.create_subprocess_exec(
@@ -259,6 +360,7 @@ class JudgeZygote:
                 "-m",
                 "cuda_agent.sandbox.server.judge_zygote",
                 str(theirs.fileno()),
+                level,
                 pass_fds=(theirs.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
@@ -276,7 +378,8 @@ class JudgeZygote:
             zygote.hello = {"ready": False, "error": f"no ready line: {exc!r}"}
         if not zygote.hello.get("ready"):
             await zygote.close()
-            raise ZygoteError(f"judge zygote did not start: {zygote.hello.get('error')} (log: {log_path})")
+            error = zygote.hello.get("error")
+            raise ZygoteError(f"judge zygote ({level} preload) did not start: {error} (log: {log_path})")
         zygote._pump = asyncio.create_task(zygote._read_replies())
         return zygote
 
