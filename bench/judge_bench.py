@@ -23,7 +23,6 @@ runs as `cuda_agent.cli judge` with PYTHONPATH = sandbox_image:platform. Raw rep
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -31,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -43,7 +41,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "judge"))
 
-from fixture_catalog import SOLUTIONS_DIR, TASKS_DIR, parse_single_json, task_at_scale  # noqa: E402
+from fixture_catalog import (  # noqa: E402
+    SOLUTIONS_DIR,
+    TASKS_DIR,
+    ZygoteRunner,
+    parse_single_json,
+    task_at_scale,
+)
 
 JUDGE_ENTRY = "import sys; from cuda_agent.cli import main; sys.exit(main(['judge', *sys.argv[1:]]))"
 FROZEN_DIR = REPO / "sandbox_image" / "cuda_agent" / "sandbox" / "judge" / "frozen"
@@ -99,50 +103,6 @@ class Evaluation:
     @property
     def ok(self) -> bool:
         return self.report is not None and self.report.get("reward") in (1, 2, 3)
-
-
-class ZygoteRunner:
-    """Judges forked from one judge zygote (the session server's way), driven from this synchronous
-    bench through an event loop on its own thread. Its start-up is printed, not charged to evaluations."""
-
-    def __init__(self, env: dict[str, str], out: Path) -> None:
-        from cuda_agent.sandbox.server.judge_zygote import JudgeZygote
-
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.env = env
-        started = time.monotonic()
-        start = JudgeZygote.start(sys.executable, env, str(out / "zygote.log"), isolated=False)
-        self.zygote = asyncio.run_coroutine_threadsafe(start, self.loop).result()
-        level = self.zygote.hello.get("level")
-        hello = {k: v for k, v in self.zygote.hello.items() if k != "loaded"}
-        print(f"judge zygote: {json.dumps(hello)}", flush=True)
-        print(
-            f"judge zygote ({level} preload) ready in {time.monotonic() - started:.1f} s (once per server)",
-            flush=True,
-        )
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.zygote.close(), self.loop).result()
-
-    def run(self, argv: list[str], work: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-        from cuda_agent.sandbox.server.isolation import unconfined_spec
-
-        job = Path(tempfile.mkdtemp(prefix="job-", dir=work))
-        spec = unconfined_spec([], self.env, str(REPO))
-
-        async def judge() -> int | None:
-            forked = await self.zygote.spawn(argv, spec, str(job / "out"), str(job / "err"))
-            try:
-                await asyncio.wait_for(forked.exited.wait(), timeout)
-            except TimeoutError:
-                os.killpg(forked.pid, 9)
-                raise subprocess.TimeoutExpired(argv, timeout) from None
-            return forked.returncode
-
-        code = asyncio.run_coroutine_threadsafe(judge(), self.loop).result()
-        out, err = (job / "out").read_text(), (job / "err").read_text()
-        return subprocess.CompletedProcess(argv, code if code is not None else -1, out, err)
 
 
 class Bench:

@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "judge"))
 
 from fixture_catalog import (  # noqa: E402
+    ZygoteRunner,
     judge_attack_verdict,
     judge_solution_verdict,
     load_attacks,
@@ -174,8 +175,18 @@ def _items(workdir: Path) -> list[Item]:
 
 
 class Runner:
-    def __init__(self, env: dict[str, str], logs: Path, deadline: float, item_timeout: float) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        logs: Path,
+        deadline: float,
+        item_timeout: float,
+        zygote: ZygoteRunner | None = None,
+        work: Path | None = None,
+    ) -> None:
         self.env = env
+        self.zygote = zygote
+        self.work = work or logs
         self.logs = logs
         self.deadline = deadline
         self.item_timeout = item_timeout
@@ -183,6 +194,25 @@ class Runner:
         self.done = 0
         self.total = 0
         self.start = time.monotonic()
+
+    def exec_judge(self, command: list[str], item: Item, timeout: float) -> tuple[int, str, str]:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            item.problem = f"judge process killed after {time.monotonic() - started:.0f} s (script deadline)"
+        return proc.returncode, stdout, stderr
 
     def run(self, item: Item) -> Item:
         left = self.deadline - time.monotonic()
@@ -201,30 +231,24 @@ class Runner:
         ]
         item.ran = True
         started = time.monotonic()
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=self.env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=min(self.item_timeout, left))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            item.problem = f"judge process killed after {time.monotonic() - started:.0f} s (script deadline)"
+        if self.zygote is not None:
+            try:
+                proc = self.zygote.run(command[3:], self.work, min(self.item_timeout, left))
+                returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+            except subprocess.TimeoutExpired:
+                returncode, stdout, stderr = -9, "", ""
+                item.problem = f"judge killed after {time.monotonic() - started:.0f} s (script deadline)"
+        else:
+            returncode, stdout, stderr = self.exec_judge(command, item, min(self.item_timeout, left))
         item.seconds = time.monotonic() - started
         stem = item.label.replace(":", "__").replace("/", "__")
         (self.logs / f"{stem}.json").write_text(stdout)
         (self.logs / f"{stem}.stderr.txt").write_text(stderr[-STDERR_KEEP:])
         (self.logs / f"{stem}.cmd.txt").write_text(" ".join(command) + "\n")
         if item.problem is None:
-            if proc.returncode != 0:
+            if returncode != 0:
                 tail = stderr.strip().splitlines()[-1:] or ["(no stderr)"]
-                item.problem = f"judge exited {proc.returncode}: {tail[0][:300]}"
+                item.problem = f"judge exited {returncode}: {tail[0][:300]}"
             else:
                 try:
                     item.report = parse_single_json(stdout)
@@ -315,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--deps", type=Path, default=None, help="extra directory for PYTHONPATH (e.g. pydantic)"
     )
+    parser.add_argument(
+        "--via",
+        choices=("exec", "zygote"),
+        default="exec",
+        help="a judge process per candidate, or judges forked from one zygote (the session server's way)",
+    )
     args = parser.parse_args(argv)
     start = time.monotonic()
 
@@ -336,7 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    runner = Runner(env, logs, start + args.deadline, args.item_timeout)
+    zygote = None
+    if args.via == "zygote":
+        sys.path[:0] = [p for p in env["PYTHONPATH"].split(os.pathsep) if p]
+        zygote = ZygoteRunner(env, logs)
+    runner = Runner(env, logs, start + args.deadline, args.item_timeout, zygote, workdir)
     runner.total = len(items)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(runner.run, i): i for i in items if i.wave == 1}
@@ -362,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         for i in items
     ]
     (logs / "summary.json").write_text(json.dumps(summary, indent=1))
+    if zygote is not None:
+        zygote.close()
     shutil.rmtree(workdir, ignore_errors=True)
 
     passed = sum(i.passed for i in items)

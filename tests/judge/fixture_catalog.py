@@ -12,8 +12,15 @@ Layout it reads:
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,3 +317,48 @@ def summarise(report: dict[str, Any]) -> str:
     if speedup.get("eager") is not None or speedup.get("compile") is not None:
         parts.append(f"speedup eager={speedup.get('eager')} compile={speedup.get('compile')}")
     return " ".join(parts)
+
+
+class ZygoteRunner:
+    """Judges forked from one judge zygote (the session server's way), driven from a synchronous script
+    (judge_bench, judge_gpu; any thread) through an event loop on its own thread. Its start-up is
+    printed, not charged to evaluations. Imports cuda_agent only when constructed."""
+
+    def __init__(self, env: dict[str, str], out: Path) -> None:
+        from cuda_agent.sandbox.server.judge_zygote import JudgeZygote
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.env = env
+        started = time.monotonic()
+        start = JudgeZygote.start(sys.executable, env, str(out / "zygote.log"), isolated=False)
+        self.zygote = asyncio.run_coroutine_threadsafe(start, self.loop).result()
+        level = self.zygote.hello.get("level")
+        hello = {k: v for k, v in self.zygote.hello.items() if k != "loaded"}
+        print(f"judge zygote: {json.dumps(hello)}", flush=True)
+        print(
+            f"judge zygote ({level} preload) ready in {time.monotonic() - started:.1f} s (once per server)",
+            flush=True,
+        )
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.zygote.close(), self.loop).result()
+
+    def run(self, argv: list[str], work: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+        from cuda_agent.sandbox.server.isolation import unconfined_spec
+
+        job = Path(tempfile.mkdtemp(prefix="job-", dir=work))
+        spec = unconfined_spec([], self.env, str(REPO))
+
+        async def judge() -> int | None:
+            forked = await self.zygote.spawn(argv, spec, str(job / "out"), str(job / "err"))
+            try:
+                await asyncio.wait_for(forked.exited.wait(), timeout)
+            except TimeoutError:
+                os.killpg(forked.pid, 9)
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+            return forked.returncode
+
+        code = asyncio.run_coroutine_threadsafe(judge(), self.loop).result()
+        out, err = (job / "out").read_text(), (job / "err").read_text()
+        return subprocess.CompletedProcess(argv, code if code is not None else -1, out, err)
