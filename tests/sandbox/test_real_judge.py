@@ -43,7 +43,8 @@ def test_agent_session_verifies_and_profiles_with_the_real_judge(server: Running
     assert run.result.build_cached  # the session's build cache kept the extension from `verify`
     isolation = (run.result.model_extra or {}).get("isolation", {})
     assert str(isolation.get("landlock", "")).startswith("on")  # the judge's own confinement still works
-    assert server.client.status().judge_zygote  # these judges were forked from the zygote, not exec'd
+    status = server.client.status()
+    assert status.judge_zygote and status.judge_zygote_preload == "full"  # forked, inductor pre-imported
 
     # A second session (another slot, so another judge uid) reuses what the first one's judge wrote to
     # the shared cache: its entries must be open to the judges' group, not to their writer alone.

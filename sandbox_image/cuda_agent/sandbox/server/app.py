@@ -150,6 +150,7 @@ class SandboxServer:
             judge_runs_total=int(sum(m.counters.get("judge_runs_total", {}).values())),
             judge_intact=self.judge.intact,
             judge_zygote=self.judge.zygote_running,
+            judge_zygote_preload=self.judge.zygote_preload,
         )
 
     def _register_gauges(self) -> None:

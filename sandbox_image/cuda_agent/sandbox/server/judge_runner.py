@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -264,6 +264,11 @@ class JudgeService:
     def zygote_running(self) -> bool:
         return self.use_zygote and self.zygote is not None and self.zygote.alive
 
+    @property
+    def zygote_preload(self) -> Literal["full", "minimal"] | None:
+        level = self.zygote.hello.get("level") if self.zygote_running and self.zygote else None
+        return "full" if level == "full" else "minimal" if level == "minimal" else None
+
     async def zygote_for_judging(self) -> JudgeZygote | None:
         """The running zygote, started (or restarted) on demand; None: judges are exec'd instead."""
         if not self.use_zygote:
@@ -282,7 +287,10 @@ class JudgeService:
                 log.warning("%s; judges are exec'd instead (slower start, same checks)", exc)
                 self.use_zygote = False
                 return None
-            log.info("judge zygote %d ready", self.zygote.proc.pid)
+            hello = self.zygote.hello
+            if "full_preload_error" in hello:
+                log.warning("judge zygote: full preload refused (%s)", hello["full_preload_error"])
+            log.info("judge zygote %d ready (%s preload)", self.zygote.proc.pid, hello.get("level"))
             return self.zygote
 
     def _zygote_env(self) -> dict[str, str]:

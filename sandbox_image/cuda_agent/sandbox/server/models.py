@@ -331,3 +331,8 @@ class ServerStatus(_Camel):
     judge_zygote: bool = Field(
         default=False, description="judges are forked from a running zygote (torch pre-imported)"
     )
+    judge_zygote_preload: Literal["full", "minimal"] | None = Field(
+        default=None,
+        description="what the running zygote imported: full (torch, inductor, the judge) or minimal "
+        "(torch and dynamo: the full preload failed its start-up checks, see the server log)",
+    )
