@@ -80,7 +80,8 @@ def _judge(
 
 
 def test_forked_judge_gives_the_verdict(loop: asyncio.AbstractEventLoop, zygote: JudgeZygote) -> None:
-    assert zygote.hello["ready"] and "torch" in zygote.hello["loaded"]
+    assert zygote.hello["ready"] and zygote.hello["level"] == "full"
+    assert "torch._inductor.compile_fx" in zygote.hello["loaded"]  # judges and workers inherit inductor
     for _ in range(2):  # the second judge is forked from the same zygote and must judge the same way
         code, out, err = _judge(loop, zygote, [str(TASK), str(SOLUTION), *QUICK])
         assert code == 0, err
@@ -109,6 +110,32 @@ def test_killed_judge_is_reported_and_the_zygote_keeps_serving(
     assert code == -signal.SIGKILL
     code, _, err = _judge(loop, zygote, ["/nonexistent/task.py", str(SOLUTION), *QUICK])
     assert code == 2 and "does not exist" in err
+
+
+def test_minimal_preload_serves_when_the_full_one_is_refused(
+    loop: asyncio.AbstractEventLoop, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full preload's real refusals (a CUDA self-check that fails, a device descriptor still held)
+    happen only on GPU hosts, so here the refusal is forced by patching `start_level` for "full"; the
+    minimal zygote it falls back to is a real process."""
+    real_start_level = JudgeZygote.start_level
+
+    async def refuse_full(cls: type[JudgeZygote], level: str, *args: Any) -> JudgeZygote:
+        if level == "full":
+            raise ZygoteError("judge zygote (full preload) did not start: forced by the test")
+        return await real_start_level.__func__(cls, level, *args)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(JudgeZygote, "start_level", classmethod(refuse_full))
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    minimal = loop.run_until_complete(JudgeZygote.start(sys.executable, env, str(tmp_path / "zygote.log")))
+    try:
+        assert minimal.hello["level"] == "minimal"
+        assert "forced by the test" in minimal.hello["full_preload_error"]
+        assert "torch._inductor.compile_fx" not in minimal.hello["loaded"]
+        code, _, err = _judge(loop, minimal, ["/nonexistent/task.py", str(SOLUTION), *QUICK])
+        assert code == 2 and "does not exist" in err  # it forks judges like the full one
+    finally:
+        loop.run_until_complete(minimal.close())
 
 
 def test_spawn_after_the_zygote_exited_raises(
