@@ -333,13 +333,9 @@ class ZygoteRunner:
         started = time.monotonic()
         start = JudgeZygote.start(sys.executable, env, str(out / "zygote.log"), isolated=False)
         self.zygote = asyncio.run_coroutine_threadsafe(start, self.loop).result()
-        level = self.zygote.hello.get("level")
         hello = {k: v for k, v in self.zygote.hello.items() if k != "loaded"}
-        print(f"judge zygote: {json.dumps(hello)}", flush=True)
-        print(
-            f"judge zygote ({level} preload) ready in {time.monotonic() - started:.1f} s (once per server)",
-            flush=True,
-        )
+        seconds = time.monotonic() - started
+        print(f"judge zygote ready in {seconds:.1f} s (once per server): {json.dumps(hello)}", flush=True)
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.zygote.close(), self.loop).result()

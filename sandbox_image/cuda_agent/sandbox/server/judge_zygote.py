@@ -47,6 +47,7 @@ PRELOAD = (
     "cuda_agent.sandbox.judge.worker",
 )
 PRELOAD_LEVELS = {"full": PRELOAD, "minimal": PRELOAD_MINIMAL}
+PRELOAD_GPU_EXTRA = ("torch._inductor.runtime.triton_heuristics",)  # what a CUDA worker imports besides
 READY_TIMEOUT_S = 300.0
 
 
@@ -60,13 +61,9 @@ def preload(level: str = "full") -> dict[str, Any]:
     gpu = cuda_host()
     if gpu:
         os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    loaded = []
-    for name in PRELOAD_LEVELS[level]:
+    loaded = [*PRELOAD_LEVELS[level], *(PRELOAD_GPU_EXTRA if gpu and level == "full" else ())]
+    for name in loaded:
         importlib.import_module(name)
-        loaded.append(name)
-    if gpu and "torch._inductor.runtime.triton_heuristics" not in loaded and level == "full":
-        importlib.import_module("torch._inductor.runtime.triton_heuristics")
-        loaded.append("torch._inductor.runtime.triton_heuristics")
     if not gpu and level == "full":
         _warm_cpu_isa()
     import torch
@@ -141,10 +138,10 @@ def _grandchild_cuda_problem() -> str:
             close_inherited_fds(keep=(write_fd,))  # as a forked judge does, and its workers after it
             grandchild = os.fork()
             if grandchild == 0:
-                _report_cuda_problem(write_fd, _cuda_problem_here, compile_too=True)
+                _report_cuda_problem(write_fd, compile_too=True)
             _, status = os.waitpid(grandchild, 0)
             if os.waitstatus_to_exitcode(status) == 0:
-                _report_cuda_problem(write_fd, _cuda_problem_here, compile_too=False)
+                _report_cuda_problem(write_fd, compile_too=False)
         finally:
             os._exit(0)
     os.close(write_fd)
@@ -160,9 +157,9 @@ def _grandchild_cuda_problem() -> str:
     return ""
 
 
-def _report_cuda_problem(write_fd: int, check: Any, compile_too: bool) -> NoReturn:
+def _report_cuda_problem(write_fd: int, compile_too: bool) -> NoReturn:
     try:
-        answer = check(compile_too)
+        answer = _cuda_problem_here(compile_too)
     except Exception as exc:
         answer = f"{type(exc).__name__}: {str(exc)[:2000]}"
     os.write(write_fd, answer.replace("\n", " ").encode() + b"\n")
