@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -177,7 +178,8 @@ class Bench:
         except subprocess.TimeoutExpired:
             print(f"  {label:<18} killed after {self.args.item_timeout:.0f} s", flush=True)
             return Evaluation(time.monotonic() - started, None, "timeout")
-        wall = time.monotonic() - started
+        ended = time.monotonic()
+        wall = ended - started
         self.log_index += 1
         stem = f"{self.log_index:03d}_{label}"
         (self.out / f"{stem}.json").write_text(proc.stdout)
@@ -204,6 +206,13 @@ class Bench:
         )
         steps = report.get("steps_s") or {}
         print("      steps: " + "  ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
+        clock = debug_clock(report)
+        if clock:  # CUDA_AGENT_JUDGE_DEBUG: the judge noted CLOCK_MONOTONIC at its entry and verdict
+            print(
+                f"      judge process: {clock[0] - started:.2f} s to its entry, {clock[1] - clock[0]:.2f} s "
+                f"to its verdict, {ended - clock[1]:.2f} s from verdict to exit seen",
+                flush=True,
+            )
         return Evaluation(wall, report, problem)
 
     def breakdown(self, label: str, evaluations: list[Evaluation]) -> None:
@@ -431,6 +440,15 @@ class Bench:
         lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
+
+
+def debug_clock(report: dict[str, Any]) -> tuple[float, float] | None:
+    """(entry, verdict) monotonic times from a debug judge's note, if it has one."""
+    for note in report.get("notes") or []:
+        found = re.match(r"debug: monotonic clock at entry ([\d.]+), at verdict ([\d.]+)", str(note))
+        if found:
+            return float(found[1]), float(found[2])
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -89,6 +90,7 @@ def _summary(result: object) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
+    entered = time.monotonic()
     args = _parser().parse_args(list(argv))
     # Heavy imports (torch) only after the arguments are known to be valid. Any CUDA availability check
     # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
@@ -136,6 +138,12 @@ def main(argv: Sequence[str]) -> int:
     except orchestrator.TaskFailure as exc:
         print(f"cuda-agent judge: task error: {exc}", file=sys.stderr)
         return 2
+    if os.environ.get("CUDA_AGENT_JUDGE_DEBUG"):
+        # CLOCK_MONOTONIC is one clock for every process on the host: a caller that noted when it started
+        # this judge, and when it saw it exit, learns the start-up and exit costs around these two.
+        result.notes.append(
+            f"debug: monotonic clock at entry {entered:.4f}, at verdict {time.monotonic():.4f}"
+        )
     if args.json:
         sys.stdout.write(result.model_dump_json() + "\n")
     else:

@@ -178,6 +178,8 @@ class JudgeResult(BaseModel):
     lock_wait_s: float = 0.0
     build_lock_wait_s: float = 0.0
     layout: str | None = None
+    # How outputs reached the orchestrator: "cuda-ipc" (device memory) or "channel" (raw bytes).
+    output_transfer: str | None = None
     trials: int = 0
     profile_trials: int = 0
     seed_id: str | None = None

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import cProfile
 import hashlib
+import io
 import json
 import os
+import pstats
 import secrets
 import sys
 import threading
@@ -33,6 +36,7 @@ from cuda_agent.sandbox.judge import (
     build,
     channel,
     compare,
+    cuda_driver,
     inline,
     isolation,
     policy,
@@ -95,7 +99,6 @@ class TrialReference:
 @dataclass
 class References:
     weight_seed: int
-    warmup_seed: int
     trials: list[TrialReference]
     profile_seed: int
     profile_outputs: list[torch.Tensor]
@@ -157,10 +160,18 @@ def _reference_for(task: Any, model: torch.nn.Module, seed: int, variant: str, d
     raise TaskFailure("no valid inputs")
 
 
+def baseline_seeds(master: bytes) -> dict[str, int]:
+    """The model's weight seed and the compile warm-up's input seed (both not secret from the worker)."""
+    return {
+        "weight_seed": task_lib.derive_seed(master, "weights"),
+        "warmup_seed": task_lib.derive_seed(master, "compile-warmup"),
+    }
+
+
 def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References:
     device = cfg.device
     task_lib.apply_precision(cfg.precision)
-    weight_seed = task_lib.derive_seed(master, "weights")
+    weight_seed = baseline_seeds(master)["weight_seed"]
     try:
         model = task_lib.build_model(task, task.Model, weight_seed, device)
     except task_lib.TaskError:
@@ -216,7 +227,6 @@ def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References
         torch.cuda.empty_cache()
     return References(
         weight_seed,
-        task_lib.derive_seed(master, "compile-warmup"),
         trials,
         profile_seed,
         profile_outputs,
@@ -390,6 +400,7 @@ class JudgeRun:
         self.custom_ops: set[str] = set()
         self.output_digests: dict[str, int] = {}
         self.spares: dict[str, WorkerSession] = {}
+        self.max_output_bytes = 1 << 20
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -534,15 +545,10 @@ class JudgeRun:
         }
 
     def _load_message(
-        self,
-        refs: References,
-        workspace_exts: list[build.BuiltExtension],
-        inline_exts: list[build.BuiltExtension],
+        self, workspace_exts: list[build.BuiltExtension], inline_exts: list[build.BuiltExtension]
     ) -> dict[str, Any]:
         return {
             "type": "load",
-            "weight_seed": refs.weight_seed,
-            "warmup_seed": refs.warmup_seed,
             "workspace_extensions": [
                 {"name": e.name, "path": e.path, "sha256": e.sha256} for e in workspace_exts
             ],
@@ -557,19 +563,36 @@ class JudgeRun:
         if report.get("violations") or "outputs" not in report:
             return None, None
         metas = report["outputs"]
-        if len(metas) != len(blobs) or len(metas) != len(refs):
+        shared = "shared" in report
+        if len(metas) != len(refs) or (not shared and len(metas) != len(blobs)):
             self.result.violations.append(f"output-structure: {len(metas)} outputs, expected {len(refs)}")
             return None, None
         try:
-            outputs = [
-                tensors.from_bytes(m, b).to(r.device) for m, b, r in zip(metas, blobs, refs, strict=True)
-            ]
-        except (ValueError, TypeError, AttributeError) as exc:
+            outputs = self.received_outputs(report, metas, blobs, refs)
+        except (ValueError, TypeError, AttributeError, KeyError, cuda_driver.DriverError) as exc:
             self.result.violations.append(f"output-forged: undecodable output ({exc})")
             return None, None
         verdict = compare.check_outputs(outputs, refs, self.cfg.tolerances, flags=self.result.task_flags)
         self.result.violations += verdict.violations
         return outputs, (f"wrong result: {label}: {verdict.wrong}" if verdict.wrong else None)
+
+    def received_outputs(
+        self, report: dict[str, Any], metas: list[Any], blobs: list[bytearray], refs: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """One call's outputs in this process's memory, on the references' devices: copied out of the
+        worker's exported device memory (CUDA IPC), or decoded from the frame's blobs."""
+        if "shared" not in report:
+            self.result.output_transfer = "channel"  # recorded if any call fell back
+            if self.cfg.device == "cuda" and report.get("ipc_error"):
+                note = f"outputs came through the channel: CUDA IPC failed ({report['ipc_error']})"
+                if note not in self.result.notes:
+                    self.result.notes.append(note)
+            return [tensors.from_bytes(m, b).to(r.device) for m, b, r in zip(metas, blobs, refs, strict=True)]
+        if self.cfg.device != "cuda" or not refs:
+            raise ValueError("device-memory outputs on a run without CUDA outputs")
+        outputs = cuda_driver.import_outputs(report["shared"], metas, refs[0].device, self.max_output_bytes)
+        self.result.output_transfer = self.result.output_transfer or "cuda-ipc"
+        return [t.to(r.device) for t, r in zip(outputs, refs, strict=True)]
 
     def verify(self, session: WorkerSession, refs: References) -> bool:
         cfg = self.cfg
@@ -636,7 +659,8 @@ class JudgeRun:
                 k: first.get(k) for k in ("ops", "profiler_ops", "ext_calls", "kernels", "current_stream")
             }
             self.result.notes.append("debug: trial 1 observations " + json.dumps(observed)[:6000])
-        n = len(trial.outputs)
+        # Blobs of the first call come first, unless its outputs were exported instead (CUDA IPC).
+        n = 0 if "shared" in first else len(trial.outputs)
         outputs, wrong = self.judge_outputs(first, blobs[:n], trial.outputs, label)
         if outputs is not None and wrong is None:
             digest = task_lib.values_digest(outputs)
@@ -732,8 +756,12 @@ class JudgeRun:
         # Forked first: no worker ever has the master seed, a key or a CUDA context in its memory.
         self.spares = {"judge": WorkerSession(), "collect": WorkerSession()}
         try:
-            if self.cfg.device == "cuda" and not torch.cuda.is_available():
-                raise UsageError("--device cuda but no CUDA device is available")
+            if self.cfg.device == "cuda":
+                if not torch.cuda.is_available():
+                    raise UsageError("--device cuda but no CUDA device is available")
+                # The driver's set-up (~0.3 s) runs while the task loads and the candidate is screened
+                # and built, off the path to the references. No kernel runs here.
+                threading.Thread(target=_create_cuda_context, name="judge-cuda-context", daemon=True).start()
             return self.judge_with_workers()
         finally:
             for spare in self.spares.values():
@@ -794,11 +822,14 @@ class JudgeRun:
             # Everything that runs device work happens under the lock: the references, the trusted
             # compile of the baseline, the candidate's import (which may launch kernels), verify, profile.
             with self.device_lock("verify"):
+                # The worker compiles the baseline (trusted, no candidate code yet) while the references
+                # are computed here; its benchmarks wait for "load", sent only after them (worker.gated).
+                session.send({"type": "baseline", **baseline_seeds(master)})
                 refs = self.references(task, master)
                 # No frame from the worker legitimately carries a blob larger than the largest output.
                 largest = max((t.nbytes for t in [*refs.trials[0].outputs, *refs.profile_outputs]), default=0)
-                session.endpoint.max_blob_bytes = max(largest, 1 << 20)
-                session.send(self._load_message(refs, workspace_exts, inline_exts))
+                self.max_output_bytes = session.endpoint.max_blob_bytes = max(largest, 1 << 20)
+                session.send(self._load_message(workspace_exts, inline_exts))
                 if not self.verify(session, refs):
                     return
                 self.result.correct = True
@@ -842,6 +873,13 @@ class JudgeRun:
             yield
 
 
+def _create_cuda_context() -> None:
+    # Device 0: torch's default, which the judge never changes (a slot sees its GPU as device 0). Any
+    # failure shows again, with its reason, at this process's first CUDA call through torch.
+    with contextlib.suppress(cuda_driver.DriverError):
+        cuda_driver.create_primary_context(0)
+
+
 def _validated_spec(spec: Any) -> dict[str, Any]:
     """Collected specs crossed a process that ran candidate code: check their shape, re-derive the digest."""
     if not isinstance(spec, dict) or not isinstance(spec.get("units"), list):
@@ -864,5 +902,14 @@ def _validated_spec(spec: Any) -> dict[str, Any]:
 
 
 def judge(cfg: JudgeConfig) -> JudgeResult:
-    """Judge one candidate; raises UsageError / TaskFailure for problems that are not the candidate's."""
-    return JudgeRun(cfg).execute()
+    """Judge one candidate; raises UsageError / TaskFailure for problems that are not the candidate's.
+    With CUDA_AGENT_JUDGE_DEBUG set, where this process spent the run is appended to the notes."""
+    run = JudgeRun(cfg)
+    if not os.environ.get("CUDA_AGENT_JUDGE_DEBUG"):
+        return run.execute()
+    profiler = cProfile.Profile()
+    result = profiler.runcall(run.execute)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+    result.notes.append("debug: orchestrator profile\n" + text.getvalue()[-8000:])
+    return result

@@ -34,7 +34,16 @@ from typing import Any, NoReturn
 import torch
 import torch._dynamo
 
-from cuda_agent.sandbox.judge import channel, inline, isolation, recorder, tamper, tensors, timing
+from cuda_agent.sandbox.judge import (
+    channel,
+    cuda_driver,
+    inline,
+    isolation,
+    recorder,
+    tamper,
+    tensors,
+    timing,
+)
 from cuda_agent.sandbox.judge import task as task_lib
 
 # Bound before candidate code exists in this process: the judge keeps using these even if patched.
@@ -86,6 +95,12 @@ class Worker:
         # Only a judge worker compiles the baseline; a collect worker runs candidate code from the start.
         self.shared_cache = bool(config.get("baseline_cache")) and config["mode"] == "judge"
         self.steps: dict[str, float] = {}
+        # Output copies exported to the orchestrator (CUDA IPC): alive until its next command arrives,
+        # by which time it has copied them into its own memory and unmapped them.
+        self.exported: list[torch.Tensor] = []
+        # The orchestrator's command that arrived while the baseline compile waited for it (`gated`).
+        self.pending: dict[str, Any] | None = None
+        self.gate_error: BaseException | None = None
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -149,6 +164,7 @@ class Worker:
         _point_header_cache(cache / "inductor")
         start = _monotonic()
         profiler = cProfile.Profile() if self.config.get("debug") else None
+        modules_before = set(sys.modules)
         try:
             model = task_lib.build_model(self.task, self.task.Model, weight_seed, self.device)
             inputs = task_lib.make_inputs(self.task, warmup_seed, "task", self.device)
@@ -162,6 +178,9 @@ class Worker:
                 text = io.StringIO()
                 pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
                 self.baseline_notes.append("debug: compile profile\n" + text.getvalue()[-6000:])
+                # What the judge zygote could preload (judge_zygote.PRELOAD_GPU_EXTRA).
+                imported = sorted(set(sys.modules) - modules_before)
+                self.baseline_notes.append(f"debug: modules the compile imported: {' '.join(imported)}")
             if self.device == "cuda":
                 torch.cuda.synchronize()
             self.compiled = compiled
@@ -214,14 +233,53 @@ class Worker:
             error = str(exc)
         self.ep.send({"type": "collected", "specs": records, "import_error": error})
 
-    def load(self, msg: dict[str, Any]) -> None:
-        """Trusted preparation (task, precision, compile baseline), then the candidate's code."""
+    def baseline(self, msg: dict[str, Any]) -> None:
+        """Trusted preparation: task, precision and the torch.compile baseline. The orchestrator computes
+        its references meanwhile; anything in the compile that benchmarks waits for them (`gated`)."""
         cfg = self.config
         self.task = task_lib.load_task(cfg["task_source"], cfg["task_path"])
         task_lib.apply_precision(cfg["precision"])
         if self.device == "cpu":
             torch.set_num_threads(1)
-        self.compile_baseline(int(msg["weight_seed"]), int(msg["warmup_seed"]))
+        with self.gated():
+            self.compile_baseline(int(msg["weight_seed"]), int(msg["warmup_seed"]))
+
+    @contextlib.contextmanager
+    def gated(self) -> Iterator[None]:
+        """Hold back every inductor benchmark (autotuning, pad_mm, max-autotune's choices) until the
+        orchestrator's next command arrives, which it sends only after its reference forwards: a
+        benchmark never shares the device with them, so the baseline's kernel choices are undisturbed.
+        Modes other than "default", or an inductor whose benchmarker cannot be wrapped, wait before the
+        compile instead. The wrappers are gone before candidate code runs."""
+        wrapped = _wrap_benchmarks(self.await_command) if self.config.get("compile_mode") == "default" else []
+        if not wrapped:
+            self.await_command()
+        try:
+            yield
+        finally:
+            for cls, name, original in wrapped:
+                setattr(cls, name, original)
+        if self.gate_error is not None:  # the channel failed while inductor held the call: report it now
+            raise self.gate_error
+
+    def await_command(self) -> None:
+        if self.pending is None and self.gate_error is None:
+            try:
+                self.pending = self.ep.receive()[0]
+            except BaseException as exc:
+                self.gate_error = exc
+                raise
+
+    def next_command(self) -> dict[str, Any]:
+        if self.pending is not None:
+            msg, self.pending = self.pending, None
+            return msg
+        return self.ep.receive()[0]
+
+    def load(self, msg: dict[str, Any]) -> None:
+        """The candidate's code: its extensions, then model_new.py (after the trusted `baseline`)."""
+        cfg = self.config
+        assert self.task is not None
         cfg.update(workspace_extensions=msg["workspace_extensions"], inline_artifacts=msg["inline_artifacts"])
         sys.path.append(str(self.candidate_dir))
         self.registry = recorder.ExtensionRegistry()
@@ -317,7 +375,8 @@ class Worker:
     def one_call(
         self, inputs: list[Any], msg: dict[str, Any], label: str, observe: bool
     ) -> tuple[dict[str, Any], list[memoryview]]:
-        """One candidate call with poisoned memory and all output/input checks; raw outputs as blobs."""
+        """One candidate call with poisoned memory and all output/input checks; its outputs packed for the
+        orchestrator (`pack_outputs`)."""
         assert self.model_new is not None and self.registry is not None
         meta, structure = msg["meta"], msg["structure"]
         tensor_inputs = [x for x in inputs if type(x) is torch.Tensor]
@@ -380,9 +439,27 @@ class Worker:
         report["violations"] = violations
         if leaves is None or violations:
             return report, []
-        report["outputs"] = [tensors.tensor_meta(t) for t in leaves]
-        with self.step("to_bytes"):
-            return report, [tensors.to_bytes(t) for t in leaves]
+        # On CUDA the copies taken right after the call (bitwise equal to the outputs, checked above) are
+        # the judge's own: the candidate holds no reference to them.
+        return report, self.pack_outputs(report, early or leaves)
+
+    def pack_outputs(self, report: dict[str, Any], outputs: list[torch.Tensor]) -> list[memoryview]:
+        """Describe `outputs` in `report` and return the blobs to send: none when the device memory is
+        exported (CUDA IPC, report["shared"]), else the raw bytes (CPU, or the driver refused)."""
+        report["outputs"] = [tensors.tensor_meta(t) for t in outputs]
+        with self.step("pack_outputs"):
+            if self.device == "cuda":
+                own = [
+                    t if t.is_contiguous() else _clone(t, memory_format=torch.contiguous_format)
+                    for t in outputs
+                ]
+                try:
+                    report["shared"] = cuda_driver.export(own)
+                    self.exported.extend(own)
+                    return []
+                except cuda_driver.DriverError as exc:
+                    report["ipc_error"] = str(exc)[:300]
+            return [tensors.to_bytes(t) for t in outputs]
 
     def trial(self, msg: dict[str, Any]) -> None:
         assert self.task is not None and self.model is not None and self.fingerprints is not None
@@ -395,7 +472,7 @@ class Worker:
             del scratch
         first, blobs = self.one_call(inputs, msg, "fresh inputs", observe=True)
         second: dict[str, Any] = {}
-        if not first["violations"] and blobs:
+        if not first["violations"] and "outputs" in first:
             # Same buffers, new values: a candidate that caches by pointer or shape returns stale outputs.
             with self.step("inputs"):
                 fresh = task_lib.make_inputs(
@@ -486,13 +563,15 @@ class Worker:
                 torch.cuda.synchronize()
         violations: list[str] = []
         leaves = self.check_outputs(final, msg["meta"], msg["structure"], inputs, violations)
-        blobs = [tensors.to_bytes(t) for t in leaves] if leaves is not None and not violations else []
+        blobs: list[memoryview] = []
+        if leaves is not None and not violations:
+            own = [_clone(t) for t in leaves] if self.device == "cuda" else leaves
+            blobs = self.pack_outputs(result, own)
         result.update(
             type="profile_result",
             notes=notes,
             compile_seconds=compile_seconds,
             violations=violations,
-            outputs=[tensors.tensor_meta(t) for t in leaves] if blobs and leaves else [],
             tamper=pre_compile_tampering + self.fingerprints.changes(),
             steps=self.take_steps(),
         )
@@ -501,12 +580,17 @@ class Worker:
     # -- command loop ---------------------------------------------------------------------------------------
     def serve(self) -> None:
         self.preload()
-        msg, _ = self.ep.receive()
+        msg = self.next_command()
+        if msg.get("type") != "baseline":
+            return
+        self.baseline(msg)
+        msg = self.next_command()
         if msg.get("type") != "load":
             return
         self.load(msg)
         while True:
-            msg, _ = self.ep.receive()
+            msg = self.next_command()
+            self.exported.clear()
             kind = msg.get("type")
             if kind == "models":
                 self.build_models(int(msg["weight_seed"]))
@@ -520,6 +604,32 @@ class Worker:
                 return
             else:
                 return
+
+
+_BENCHMARK_METHODS = ("benchmark", "benchmark_gpu", "benchmark_cpu")
+
+
+def _wrap_benchmarks(gate: Callable[[], None]) -> list[tuple[type, str, Any]]:
+    """Make every method of inductor's benchmarker classes call `gate` first; returns what to restore
+    ([] when the benchmarker is not where this torch keeps it: the caller then gates the whole compile)."""
+    try:
+        benchmarking = importlib.import_module("torch._inductor.runtime.benchmarking")
+        classes = [c for c in type(benchmarking.benchmarker).__mro__ if c.__module__ == benchmarking.__name__]
+    except (ImportError, AttributeError):
+        return []
+    wrapped: list[tuple[type, str, Any]] = []
+    for cls in classes:
+        for name in _BENCHMARK_METHODS:
+            original = cls.__dict__.get(name)
+            if callable(original):
+
+                def gated(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                    gate()
+                    return _original(*args, **kwargs)
+
+                wrapped.append((cls, name, original))
+                setattr(cls, name, gated)
+    return wrapped
 
 
 def _innermost(exc: BaseException) -> BaseException:
@@ -555,9 +665,20 @@ def run_forked(read_fd: int, write_fd: int) -> NoReturn:
         os._exit(code)
 
 
+def _drop_inherited_profiler() -> None:
+    """A debug run profiles the orchestrator (orchestrator.judge); the fork must not carry that profiler
+    into the worker, where it would also block the worker's own compile profile."""
+    sys.setprofile(None)
+    monitoring = getattr(sys, "monitoring", None)  # Python >= 3.12: cProfile is a monitoring tool
+    if monitoring is not None and monitoring.get_tool(monitoring.PROFILER_ID) is not None:
+        monitoring.set_events(monitoring.PROFILER_ID, 0)
+        monitoring.free_tool_id(monitoring.PROFILER_ID)
+
+
 def _detach(keep: tuple[int, ...]) -> None:
     """Own session, killed with the orchestrator, and no inherited descriptor but the channel's: the
     judge's stdout (its JSON verdict), lock files and other workers' pipes stay out of reach."""
+    _drop_inherited_profiler()
     parent = os.getppid()
     os.setsid()
     isolation._libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
