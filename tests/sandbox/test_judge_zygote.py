@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -75,8 +76,11 @@ def _judge(
         await asyncio.wait_for(judge.exited.wait(), 600)
         return judge.returncode
 
-    code = loop.run_until_complete(run())
-    return code, (job / "out").read_text(), (job / "err").read_text()
+    try:
+        code = loop.run_until_complete(run())
+        return code, (job / "out").read_text(), (job / "err").read_text()
+    finally:
+        shutil.rmtree(job, ignore_errors=True)
 
 
 def test_forked_judge_gives_the_verdict(loop: asyncio.AbstractEventLoop, zygote: JudgeZygote) -> None:

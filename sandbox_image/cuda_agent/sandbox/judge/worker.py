@@ -178,7 +178,7 @@ class Worker:
                 text = io.StringIO()
                 pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
                 self.baseline_notes.append("debug: compile profile\n" + text.getvalue()[-6000:])
-                # What the judge zygote could preload (judge_zygote.PRELOAD_GPU_EXTRA).
+                # What the judge zygote could preload (judge_zygote.PRELOAD_COMPILE).
                 imported = sorted(set(sys.modules) - modules_before)
                 self.baseline_notes.append(f"debug: modules the compile imported: {' '.join(imported)}")
             if self.device == "cuda":
