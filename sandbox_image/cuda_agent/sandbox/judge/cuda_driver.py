@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from cuda_agent.sandbox.judge import tensors
+
 HANDLE_BYTES = 64
 # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: the only flag cuIpcOpenMemHandle takes.
 _LAZY_PEER_ACCESS = 1
@@ -139,20 +141,6 @@ def export(tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
     return descriptors
 
 
-def expected_nbytes(meta: dict[str, Any]) -> tuple[torch.dtype, list[int], int]:
-    """(dtype, shape, byte count) an output of this meta occupies; ValueError for a malformed meta."""
-    dtype = getattr(torch, str(meta["dtype"]), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {meta['dtype']!r}")
-    shape = [int(s) for s in meta["shape"]]
-    if any(s < 0 for s in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    numel = 1
-    for s in shape:
-        numel *= s
-    return dtype, shape, numel * torch.empty((), dtype=dtype).element_size()
-
-
 @contextmanager
 def _mapped(handles: set[bytes], device: torch.device) -> Iterator[dict[bytes, tuple[int, int]]]:
     """Each distinct handle opened once: {handle: (mapped pointer, mapped size)}; all closed on exit,
@@ -182,7 +170,7 @@ def import_outputs(
         raise ValueError("output descriptors do not match the outputs")
     plans: list[tuple[torch.dtype, list[int], int, bytes | None, int]] = []
     for desc, meta in zip(descriptors, metas, strict=True):
-        dtype, shape, nbytes = expected_nbytes(meta)
+        dtype, shape, nbytes = tensors.meta_layout(meta)
         if nbytes > max_bytes:
             raise ValueError(f"output of {nbytes} bytes exceeds the largest expected ({max_bytes})")
         if not isinstance(desc, dict) or not isinstance(desc.get("offset"), int) or desc["offset"] < 0:

@@ -56,18 +56,26 @@ def to_bytes(t: torch.Tensor) -> memoryview:
     return host.numpy().data
 
 
-def from_bytes(meta: dict[str, Any], blob: bytes | bytearray) -> torch.Tensor:
-    dtype = getattr(torch, str(meta["dtype"]))
+def meta_layout(meta: dict[str, Any]) -> tuple[torch.dtype, list[int], int]:
+    """(dtype, shape, byte count) of an output described by `tensor_meta`; ValueError when malformed.
+    The byte count is derived here, never taken from the process that sent the meta."""
+    dtype = getattr(torch, str(meta["dtype"]), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {meta['dtype']!r}")
     shape = [int(s) for s in meta["shape"]]
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
     numel = 1
     for s in shape:
         numel *= s
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(blob) != numel * itemsize:
+    return dtype, shape, numel * torch.empty((), dtype=dtype).element_size()
+
+
+def from_bytes(meta: dict[str, Any], blob: bytes | bytearray) -> torch.Tensor:
+    dtype, shape, nbytes = meta_layout(meta)
+    if len(blob) != nbytes:
         raise ValueError(f"{len(blob)} bytes for shape {shape} of {meta['dtype']}")
-    if numel == 0:
+    if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     raw = torch.frombuffer(blob if isinstance(blob, bytearray) else bytearray(blob), dtype=torch.uint8)
     return raw.view(dtype).reshape(shape)

@@ -565,7 +565,12 @@ class Worker:
         leaves = self.check_outputs(final, msg["meta"], msg["structure"], inputs, violations)
         blobs: list[memoryview] = []
         if leaves is not None and not violations:
-            own = [_clone(t) for t in leaves] if self.device == "cuda" else leaves
+            # Copies taken after the synchronisation above, contiguous so pack_outputs exports them as is.
+            own = (
+                [_clone(t, memory_format=torch.contiguous_format) for t in leaves]
+                if self.device == "cuda"
+                else leaves
+            )
             blobs = self.pack_outputs(result, own)
         result.update(
             type="profile_result",
