@@ -47,7 +47,10 @@ class Namespace:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        return self.cluster.kubectl("-n", self.name, *args, input=input, check=check)
+        result: subprocess.CompletedProcess[str] = self.cluster.kubectl(
+            "-n", self.name, *args, input=input, check=check
+        )
+        return result
 
     def get(self, *args: str) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(self.kubectl("get", *args, "-o", "json").stdout)

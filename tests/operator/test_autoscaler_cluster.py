@@ -80,7 +80,7 @@ def test_demand_scales_up_at_once_down_after_the_delay_and_drains_busy_pods(
 
     def pods() -> list[dict[str, object]]:
         found = namespace.items("pods", "-l", f"cuda-agent.io/sandbox-pool={POOL}")
-        return [p for p in found if not p["metadata"].get("deletionTimestamp")]  # type: ignore[attr-defined]
+        return [p for p in found if not p["metadata"].get("deletionTimestamp")]
 
     def status() -> dict[str, object]:
         return dict(namespace.get("sandboxpool", POOL).get("status") or {})

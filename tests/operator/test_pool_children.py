@@ -8,8 +8,8 @@ import pytest
 
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.operator import labels as lb
+from cuda_agent.operator.manifests import SANDBOX_PORT
 from cuda_agent.operator.pool_children import (
-    SANDBOX_PORT,
     PoolIdentity,
     headless_service,
     judge_configmap,

@@ -30,7 +30,7 @@ def ready_pods(ns: Namespace, count: int) -> bool:
 
 def live_pods(ns: Namespace) -> list[dict[str, object]]:
     pods = ns.items("pods", "-l", f"cuda-agent.io/sandbox-pool={POOL}")
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]  # type: ignore[attr-defined]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
 def test_pool_of_128_becomes_ready_on_gpu_nodes_and_scales_to_64_and_back(
@@ -133,7 +133,7 @@ def test_restart_mid_scale_up_leaves_no_duplicates_and_deleted_children_come_bac
     # Kill it while the pool is scaling up: after the StatefulSet exists, before every pod is ready.
     wait_for(lambda: namespace.get_or_none("statefulset", POOL), "the StatefulSet", interval=0.1)
     operator.kill()
-    assert (pool_status(namespace).get("readyReplicas") or 0) < 128
+    assert int(str(pool_status(namespace).get("readyReplicas") or 0)) < 128
     operator.start()
     wait_for(lambda: ready_pods(namespace, 128), "128 ready sandbox pods after the restart", timeout=300)
 

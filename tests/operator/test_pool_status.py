@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from cuda_agent.api.sandboxpool import SandboxPoolConditionType as PoolCondition
 from cuda_agent.operator.autoscaler import PodLoad
 from cuda_agent.operator.conditions import Condition
 from cuda_agent.operator.drain import DrainPlan
@@ -51,7 +52,7 @@ def test_unschedulable_pods_make_the_pool_degraded_with_the_schedulers_words() -
 
 
 def test_an_apply_failure_outranks_unschedulable_pods() -> None:
-    failure = Condition("Degraded", True, "ApplyFailed", "StatefulSet pool: HTTP 422")
+    failure = Condition(PoolCondition.DEGRADED, True, "ApplyFailed", "StatefulSet pool: HTTP 422")
     observed = PoolObservation(
         1, 1, 1, [pod(0, False, "Insufficient nvidia.com/gpu")], None, STABLE, [failure]
     )

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
 from cuda_agent.operator.conditions import Condition
 from cuda_agent.operator.run_reconciler import RunState, decide_conditions, driver_state
 from cuda_agent.operator.views import PodView
@@ -47,7 +48,9 @@ def test_exactly_one_lifecycle_condition_is_true(
 
 
 def test_blocked_run_names_the_reason() -> None:
-    missing = Condition("Provisioning", False, "SandboxPoolNotFound", "SandboxPool team/pool does not exist")
+    missing = Condition(
+        RunCondition.PROVISIONING, False, "SandboxPoolNotFound", "SandboxPool team/pool does not exist"
+    )
     phase, conditions = decide_conditions(state(blocked=missing, driver="absent", ray_ready=False))
     provisioning = next(c for c in conditions if c.type == "Provisioning")
     assert phase == "Pending"

@@ -12,12 +12,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from cuda_agent.api.base import Condition as ConditionModel
+from cuda_agent.api.base import ConditionStatus
+from cuda_agent.api.sandboxpool import SandboxPoolConditionType
+from cuda_agent.api.trainingrun import TrainingRunConditionType
+
+ConditionType = SandboxPoolConditionType | TrainingRunConditionType
+
 
 @dataclass(frozen=True)
 class Condition:
     """One condition as decided by a reconcile pass; `reason` is CamelCase, `message` is for people."""
 
-    type: str
+    type: ConditionType
     status: bool
     reason: str
     message: str = ""
@@ -48,21 +55,20 @@ def merge_conditions(
     merged: list[dict[str, Any]] = []
     seen: set[str] = set()
     for condition in decided:
-        status = "True" if condition.status else "False"
+        status = ConditionStatus.TRUE if condition.status else ConditionStatus.FALSE
         before = previous.get(condition.type)
+        kept = parse_rfc3339(before.get("lastTransitionTime")) if before is not None else None
         changed = before is None or before.get("status") != status
-        merged.append(
-            {
-                "type": condition.type,
-                "status": status,
-                "reason": condition.reason,
-                "message": condition.message,
-                "observedGeneration": generation,
-                "lastTransitionTime": rfc3339(now)
-                if changed or before is None
-                else before.get("lastTransitionTime", rfc3339(now)),
-            }
+        moment = kept if kept is not None and not changed else now.astimezone(UTC).replace(microsecond=0)
+        model = ConditionModel(
+            type=condition.type,
+            status=status,
+            reason=condition.reason,
+            message=condition.message,
+            observed_generation=generation,
+            last_transition_time=moment,
         )
+        merged.append(model.model_dump(by_alias=True, exclude_none=True, mode="json"))
         seen.add(condition.type)
     merged += [dict(item) for kind, item in previous.items() if kind not in seen]
     return merged

@@ -19,9 +19,8 @@ import yaml
 from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
-from cuda_agent.operator.views import manifest_hash
+from cuda_agent.operator.manifests import SANDBOX_PORT, owner_reference, with_hash
 
-SANDBOX_PORT = 8470  # the sandbox server's default port
 SANDBOX_UID = 65532  # the image's unprivileged user; restricted Pod Security forbids root
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 JUDGE_DIR = "/opt/cuda-agent/judge"
@@ -44,18 +43,6 @@ class PoolIdentity:
     uid: str
 
 
-def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
-    """Controller reference: deleting the owner lets the garbage collector delete the child."""
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "name": name,
-        "uid": uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def _metadata(pool: PoolIdentity, name: str, component: str) -> dict[str, Any]:
     return {
         "name": name,
@@ -63,15 +50,6 @@ def _metadata(pool: PoolIdentity, name: str, component: str) -> dict[str, Any]:
         "labels": lb.child_labels(lb.POOL_LABEL, pool.name, component),
         "ownerReferences": [owner_reference(lb.API_VERSION, lb.POOL_KIND, pool.name, pool.uid)],
     }
-
-
-def with_hash(manifest: Manifest) -> Manifest:
-    """Stamp the manifest with the hash of its own content (computed before the stamp is added)."""
-    stamped = dict(manifest)
-    metadata = dict(stamped["metadata"])
-    metadata["annotations"] = {**metadata.get("annotations", {}), lb.SPEC_HASH: manifest_hash(manifest)}
-    stamped["metadata"] = metadata
-    return stamped
 
 
 def mebibytes(quantity: str) -> int:

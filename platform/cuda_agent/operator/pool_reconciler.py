@@ -19,28 +19,34 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cuda_agent.api.sandboxpool import SandboxPoolSpec
+from cuda_agent.api.sandboxpool import SandboxPoolConditionType as PoolCondition
+from cuda_agent.api.sandboxpool import SandboxPoolSpec, SandboxPoolStatus
 from cuda_agent.operator import labels as lb
+from cuda_agent.operator.apply import apply_changed
 from cuda_agent.operator.autoscaler import Decision, Demand, PodLoad, ScalingPolicy, decide
 from cuda_agent.operator.conditions import Condition, merge_conditions, rfc3339
 from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.demand import probe_pods
 from cuda_agent.operator.drain import DrainPlan, plan_drain
-from cuda_agent.operator.kube import KubeError, Manifest, Ref
+from cuda_agent.operator.kube import Manifest, Ref
+from cuda_agent.operator.manifests import SANDBOX_PORT
 from cuda_agent.operator.pool_children import (
-    SANDBOX_PORT,
     PoolIdentity,
     headless_service,
     judge_configmap,
     network_policy,
     statefulset,
 )
-from cuda_agent.operator.views import ChildView, PodView
+from cuda_agent.operator.views import PodView
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0
 STATUS_INTERVAL = 1.0
 CONFIGMAP_LIMIT = 1_000_000  # bytes; the apiserver refuses larger ConfigMaps
+# Status fields only a demand read fills; a pass that read none clears them rather than leave stale counts.
+DEMAND_FIELDS = tuple(
+    SandboxPoolStatus.model_fields[name].alias or name for name in ("active_sessions", "queue_depth")
+)
 
 
 @functools.cache
@@ -81,33 +87,6 @@ def judge_hash(files: Mapping[str, str]) -> str:
     return digest.hexdigest()[:16]
 
 
-async def apply_changed(
-    context: OperatorContext, manifests: Sequence[Manifest], live: Mapping[tuple[str, str], ChildView]
-) -> tuple[list[str], list[str]]:
-    """Server-side apply every manifest whose child is missing or carries another hash.
-
-    Returns (names applied, errors as text). A child applied by this process a moment ago may not be
-    in the watch index yet; the in-memory record of applied hashes keeps that from a second write.
-    """
-    applied: list[str] = []
-    errors: list[str] = []
-    for manifest in manifests:
-        meta = manifest["metadata"]
-        wanted = meta["annotations"][lb.SPEC_HASH]
-        key = (manifest["kind"], meta["namespace"], meta["name"])
-        child = live.get((manifest["kind"], meta["name"]))
-        if child is not None and wanted in (child.spec_hash, context.applied.get(key)):
-            continue
-        try:
-            await context.kube.apply(manifest)
-        except KubeError as error:
-            errors.append(f"{manifest['kind']} {meta['name']}: {error}")
-            continue
-        context.applied[key] = wanted
-        applied.append(meta["name"])
-    return applied, errors
-
-
 @dataclass(frozen=True)
 class PoolObservation:
     """What a status is computed from."""
@@ -131,45 +110,48 @@ def pool_status(
     unschedulable = [p for p in live if p.unschedulable]
     desired = observed.desired
     if desired == 0 and not live:
-        ready_condition = Condition("Ready", True, "ScaledToZero", "spec.replicas is 0")
+        ready_condition = Condition(PoolCondition.READY, True, "ScaledToZero", "spec.replicas is 0")
     elif ready >= desired and len(live) == desired:
         ready_condition = Condition(
-            "Ready", True, "AllReplicasReady", f"{ready}/{desired} sandbox pods ready"
+            PoolCondition.READY, True, "AllReplicasReady", f"{ready}/{desired} sandbox pods ready"
         )
     else:
         ready_condition = Condition(
-            "Ready", False, "ReplicasNotReady", f"{ready}/{desired} sandbox pods ready"
+            PoolCondition.READY, False, "ReplicasNotReady", f"{ready}/{desired} sandbox pods ready"
         )
     if observed.plan.waiting_on:
         scaling = Condition(
-            "Scaling",
+            PoolCondition.SCALING,
             True,
             "Draining",
             f"scaling down to {desired}: waiting for sessions on {', '.join(observed.plan.waiting_on[:8])}",
         )
     elif len(live) < desired or observed.statefulset_replicas < desired:
-        scaling = Condition("Scaling", True, "ScalingUp", f"{len(live)} -> {desired} sandbox pods")
+        scaling = Condition(
+            PoolCondition.SCALING, True, "ScalingUp", f"{len(live)} -> {desired} sandbox pods"
+        )
     elif len(live) > desired:
-        scaling = Condition("Scaling", True, "ScalingDown", f"{len(live)} -> {desired} sandbox pods")
+        scaling = Condition(
+            PoolCondition.SCALING, True, "ScalingDown", f"{len(live)} -> {desired} sandbox pods"
+        )
     else:
-        scaling = Condition("Scaling", False, "Stable", f"{desired} sandbox pods")
+        scaling = Condition(PoolCondition.SCALING, False, "Stable", f"{desired} sandbox pods")
     degraded = _degraded(observed.problems, unschedulable, observed.warnings)
-    status: dict[str, Any] = {
-        "observedGeneration": observed.generation,
-        "replicas": len(live),
-        "readyReplicas": ready,
-        "selector": lb.selector_string(lb.pool_selector(pool.name)),
-        "conditions": merge_conditions(
-            previous.get("conditions"),
-            [ready_condition, scaling, degraded],
-            generation=observed.generation,
-            now=now,
-        ),
-    }
-    if observed.loads is not None:
-        demand = Demand.of(observed.loads)
-        status["activeSessions"] = demand.active_sessions
-        status["queueDepth"] = demand.queued_judge_jobs
+    demand = Demand.of(observed.loads) if observed.loads is not None else None
+    status = SandboxPoolStatus(
+        observed_generation=observed.generation,
+        replicas=len(live),
+        ready_replicas=ready,
+        selector=lb.selector_string(lb.pool_selector(pool.name)),
+        active_sessions=demand.active_sessions if demand is not None else None,
+        queue_depth=demand.queued_judge_jobs if demand is not None else None,
+    ).model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"conditions"})
+    status["conditions"] = merge_conditions(
+        previous.get("conditions"),
+        [ready_condition, scaling, degraded],
+        generation=observed.generation,
+        now=now,
+    )
     return status
 
 
@@ -184,11 +166,14 @@ def _degraded(
             "InsufficientGPU" if "Insufficient" in message and "gpu" in message.lower() else "Unschedulable"
         )
         return Condition(
-            "Degraded", True, reason, f"{len(unschedulable)} sandbox pods cannot be scheduled: {message}"
+            PoolCondition.DEGRADED,
+            True,
+            reason,
+            f"{len(unschedulable)} sandbox pods cannot be scheduled: {message}",
         )
     if warnings:
         return warnings[0]
-    return Condition("Degraded", False, "AsExpected", "")
+    return Condition(PoolCondition.DEGRADED, False, "AsExpected", "")
 
 
 def _transitions(status: Mapping[str, Any]) -> set[tuple[Any, ...]]:
@@ -220,9 +205,7 @@ async def _write_status(
     delay = status_write_delay(written or previous, status, time.monotonic() - written_at)
     if delay is not None:
         return delay
-    cleared = {
-        field: None for field in ("activeSessions", "queueDepth") if field in previous and field not in status
-    }
+    cleared = {field: None for field in DEMAND_FIELDS if field in previous and field not in status}
     await context.kube.merge_patch(ref, {"status": {**status, **cleared}}, subresource="status")
     context.status_written[key] = (time.monotonic(), status)
     return None
@@ -278,11 +261,16 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
     try:
         spec = SandboxPoolSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        invalid = Condition("Degraded", True, "InvalidSpec", str(error).replace("\n", "; ")[:2000])
+        invalid = Condition(
+            PoolCondition.DEGRADED, True, "InvalidSpec", str(error).replace("\n", "; ")[:2000]
+        )
         conditions = merge_conditions(
             body.get("status", {}).get("conditions"), [invalid], generation=generation, now=now
         )
-        await _write_status(context, body, {"observedGeneration": generation, "conditions": conditions}, ref)
+        status = SandboxPoolStatus(observed_generation=generation).model_dump(
+            by_alias=True, exclude_none=True, mode="json", exclude={"conditions"}
+        )
+        await _write_status(context, body, {**status, "conditions": conditions}, ref)
         return None
     problems: list[Condition] = []
     warnings: list[Condition] = []
@@ -293,11 +281,15 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
     configmap = desired_judge_configmap(pool, spec.model_dump_json(by_alias=True))
     if not files:
         warnings.append(
-            Condition("Degraded", True, "JudgeFilesMissing", "no judge files in this operator install")
+            Condition(
+                PoolCondition.DEGRADED, True, "JudgeFilesMissing", "no judge files in this operator install"
+            )
         )
     if sum(len(v) for v in configmap["data"].values()) > CONFIGMAP_LIMIT:  # the apiserver's limit
         problems.append(
-            Condition("Degraded", True, "JudgeFilesTooLarge", "judge files exceed a ConfigMap's 1 MB")
+            Condition(
+                PoolCondition.DEGRADED, True, "JudgeFilesTooLarge", "judge files exceed a ConfigMap's 1 MB"
+            )
         )
     _, errors = await apply_changed(
         context, [configmap, headless_service(pool), network_policy(pool)], children
@@ -332,7 +324,7 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
         )
         await context.kube.post_event(body, warning=False, reason="Scaled", message=message)
     if errors:
-        problems.append(Condition("Degraded", True, "ApplyFailed", "; ".join(errors)[:2000]))
+        problems.append(Condition(PoolCondition.DEGRADED, True, "ApplyFailed", "; ".join(errors)[:2000]))
 
     # 5. One status write.
     observed = PoolObservation(

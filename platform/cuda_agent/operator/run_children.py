@@ -14,10 +14,11 @@ from typing import Any
 
 import yaml
 
+from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
-from cuda_agent.operator.pool_children import SANDBOX_PORT, owner_reference, with_hash
+from cuda_agent.operator.manifests import SANDBOX_PORT, owner_reference, with_hash
 
 RUN_CONFIG_DIR = "/etc/cuda-agent"
 TRAINER_UID = 1000
@@ -135,24 +136,29 @@ def run_config(run: RunContext, spec: Manifest) -> Manifest:
     )
 
 
+def pool_sandbox_url(spec: TrainingRunSpec, namespace: str) -> str:
+    """The run's SandboxPool as a trainer pod reaches it: the pool's headless Service."""
+    return f"http://{lb.pool_service_host(spec.sandbox_pool_ref.name, namespace)}:{SANDBOX_PORT}"
+
+
+def trainer_env(run: RunContext, sandbox_url: str, ray_address: str | None) -> TrainerEnv:
+    """What every trainer process is told (pod or local process): the operator <-> trainer contract.
+    It reports progress by patching its run's status (in a pod through its ServiceAccount)."""
+    return TrainerEnv(
+        run_name=run.name,
+        run_namespace=run.namespace,
+        sandbox_url=sandbox_url,
+        checkpoint_prefix=run.checkpoint_prefix,
+        resume_from=run.resume_from,
+        status_mode="kubernetes",
+        ray_address=ray_address or None,
+        otel_endpoint=run.otel_endpoint,
+    )
+
+
 def _env(run: RunContext, spec: TrainingRunSpec, ray_address: str) -> list[dict[str, Any]]:
-    pool = spec.sandbox_pool_ref.name
-    env = [
-        {"name": "CUDA_AGENT_RUN_NAME", "value": run.name},
-        {"name": "CUDA_AGENT_RUN_NAMESPACE", "value": run.namespace},
-        {
-            "name": "CUDA_AGENT_SANDBOX_URL",
-            "value": f"http://{lb.pool_service_host(pool, run.namespace)}:{SANDBOX_PORT}",
-        },
-        {"name": "CUDA_AGENT_CHECKPOINT_PREFIX", "value": run.checkpoint_prefix},
-        {"name": "RAY_ADDRESS", "value": ray_address},
-    ]
-    if run.resume_from:
-        env.append({"name": "CUDA_AGENT_RESUME_FROM", "value": run.resume_from})
-    if run.otel_endpoint:
-        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": run.otel_endpoint})
-        env.append({"name": "OTEL_SERVICE_NAME", "value": f"cuda-agent-trainer.{run.name}"})
-    return env
+    environ = trainer_env(run, pool_sandbox_url(spec, run.namespace), ray_address).to_environ()
+    return [{"name": name, "value": value} for name, value in environ.items()]
 
 
 def _security_context() -> dict[str, Any]:

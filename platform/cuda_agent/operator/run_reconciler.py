@@ -14,16 +14,17 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from pydantic import ValidationError
 
-from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
+from cuda_agent.api.trainingrun import TrainingRunPhase as RunPhase
+from cuda_agent.api.trainingrun import TrainingRunSpec, TrainingRunStatus
 from cuda_agent.operator import labels as lb
+from cuda_agent.operator.apply import apply_changed
 from cuda_agent.operator.conditions import Condition, is_true, merge_conditions, parse_rfc3339, rfc3339
 from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.kube import KubeError, Manifest, Ref
-from cuda_agent.operator.pool_reconciler import apply_changed
 from cuda_agent.operator.run_children import (
     RunContext,
     driver_pod,
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT_BEFORE = "cuda-agent.io/suspend-checkpoint-before"
 DRIVER_MAX_RESTARTS = 3
 CHECKPOINT_POLL_SECONDS = 2.0
-TERMINAL = ("Succeeded", "Failed")
+TERMINAL = (RunCondition.SUCCEEDED, RunCondition.FAILED)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class RunState:
     steps: int
 
 
-def decide_conditions(state: RunState) -> tuple[str, list[Condition]]:
+def decide_conditions(state: RunState) -> tuple[RunPhase, list[Condition]]:
     """(phase, conditions) of a run (pure). Exactly one of the lifecycle conditions is True."""
     succeeded = state.driver == "complete"
     failed = state.driver == "failed"
@@ -68,50 +69,52 @@ def decide_conditions(state: RunState) -> tuple[str, list[Condition]]:
     training = running and (state.step or 0) > 0
     warming = running and not training
     if state.blocked is not None:
-        provisioning = Condition("Provisioning", False, state.blocked.reason, state.blocked.message)
+        provisioning = Condition(
+            RunCondition.PROVISIONING, False, state.blocked.reason, state.blocked.message
+        )
     elif succeeded or failed or suspended or running:
-        provisioning = Condition("Provisioning", False, "Provisioned", "")
+        provisioning = Condition(RunCondition.PROVISIONING, False, "Provisioned", "")
     elif not state.ray_ready:
-        provisioning = Condition("Provisioning", True, "StartingRayCluster", state.ray_message)
+        provisioning = Condition(RunCondition.PROVISIONING, True, "StartingRayCluster", state.ray_message)
     else:
-        provisioning = Condition("Provisioning", True, "StartingDriver", state.driver_message)
+        provisioning = Condition(RunCondition.PROVISIONING, True, "StartingDriver", state.driver_message)
     conditions = [
         provisioning,
-        Condition("WarmingUp", warming, "WarmUpStages" if warming else "NotWarmingUp", ""),
+        Condition(RunCondition.WARMING_UP, warming, "WarmUpStages" if warming else "NotWarmingUp", ""),
         Condition(
-            "Training",
+            RunCondition.TRAINING,
             training,
             "PpoSteps" if training else "NotTraining",
             f"step {state.step}/{state.steps}" if training else "",
         ),
         Condition(
-            "Suspended",
+            RunCondition.SUSPENDED,
             suspended,
             {"suspended": "Suspended", "checkpointing": "Checkpointing"}.get(
                 state.suspend or "", "NotSuspended"
             ),
             state.suspend_message,
         ),
-        Condition("Succeeded", succeeded, "DriverCompleted" if succeeded else "NotSucceeded", ""),
+        Condition(RunCondition.SUCCEEDED, succeeded, "DriverCompleted" if succeeded else "NotSucceeded", ""),
         Condition(
-            "Failed",
+            RunCondition.FAILED,
             failed,
             "DriverFailed" if failed else "NotFailed",
             state.driver_message if failed else "",
         ),
     ]
     if failed:
-        phase = "Failed"
+        phase = RunPhase.FAILED
     elif succeeded:
-        phase = "Succeeded"
+        phase = RunPhase.SUCCEEDED
     elif suspended:
-        phase = "Suspended"
+        phase = RunPhase.SUSPENDED
     elif training:
-        phase = "Running"
+        phase = RunPhase.RUNNING
     elif warming:
-        phase = "WarmingUp"
+        phase = RunPhase.WARMING_UP
     else:
-        phase = "Pending"
+        phase = RunPhase.PENDING
     return phase, conditions
 
 
@@ -164,13 +167,16 @@ async def check_references(
     pool = spec.sandbox_pool_ref.name
     if context.owner((lb.POOL_KIND, namespace, pool)) is None:
         return Condition(
-            "Provisioning", False, "SandboxPoolNotFound", f"SandboxPool {namespace}/{pool} does not exist"
+            RunCondition.PROVISIONING,
+            False,
+            "SandboxPoolNotFound",
+            f"SandboxPool {namespace}/{pool} does not exist",
         )
     secret_name = context.config.artifacts_secret
     secret = await context.kube.get(Ref("Secret", namespace, secret_name))
     if secret is None:
         return Condition(
-            "Provisioning",
+            RunCondition.PROVISIONING,
             False,
             "ArtifactsSecretNotFound",
             f"Secret {namespace}/{secret_name} (MinIO/S3 endpoint and credentials) does not exist",
@@ -178,10 +184,10 @@ async def check_references(
     try:
         config = StorageConfig.from_secret(secret)
     except StorageConfigError as error:
-        return Condition("Provisioning", False, "ArtifactsSecretInvalid", str(error))
+        return Condition(RunCondition.PROVISIONING, False, "ArtifactsSecretInvalid", str(error))
     if config.endpoint is None:
         return Condition(
-            "Provisioning",
+            RunCondition.PROVISIONING,
             False,
             "ArtifactsSecretInvalid",
             f"Secret {namespace}/{secret_name} names no S3 endpoint",
@@ -268,7 +274,9 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     try:
         spec = TrainingRunSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        blocked = Condition("Provisioning", False, "InvalidSpec", str(error).replace("\n", "; ")[:2000])
+        blocked = Condition(
+            RunCondition.PROVISIONING, False, "InvalidSpec", str(error).replace("\n", "; ")[:2000]
+        )
     else:
         blocked = await check_references(context, namespace, spec)
     if spec is None or blocked is not None:
@@ -292,7 +300,7 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     finished = driver_view is not None and driver_view.phase in ("Succeeded", "Failed")
     compute = compute_children(children, pods, keep_driver=finished)
     if terminal and driver == "absent":
-        driver = "complete" if is_true(previous.get("conditions"), "Succeeded") else "failed"
+        driver = "complete" if is_true(previous.get("conditions"), RunCondition.SUCCEEDED) else "failed"
     suspend, suspend_message, delete_now = None, "", False
     if spec.suspend:
         suspend, suspend_message, delete_now = await _suspend_step(context, body, compute, driver, now)
@@ -309,7 +317,11 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     # 5. One status write.
     expected = len(ray_pods(run, spec))
     ready, ray_message = ray_state(kuberay, children.get(("RayCluster", name)), pods, expected)
-    blocked = Condition("Provisioning", False, "ApplyFailed", "; ".join(errors)[:2000]) if errors else None
+    blocked = (
+        Condition(RunCondition.PROVISIONING, False, "ApplyFailed", "; ".join(errors)[:2000])
+        if errors
+        else None
+    )
     state = RunState(
         blocked, suspend, suspend_message, ready, ray_message, driver, driver_message, previous.get("step"),
         spec.algorithm.steps,
@@ -370,11 +382,12 @@ async def _write_status(
     """The pass's one status write (operator-owned fields only), skipped when nothing changed."""
     previous = body.get("status") or {}
     phase, decided = decide_conditions(state)
-    status: dict[str, Any] = {
-        "observedGeneration": generation,
-        "phase": phase,
-        "conditions": merge_conditions(previous.get("conditions"), decided, generation=generation, now=now),
-    }
+    status = TrainingRunStatus(observed_generation=generation, phase=phase).model_dump(
+        by_alias=True, exclude_none=True, mode="json", include={"observed_generation", "phase"}
+    )
+    status["conditions"] = merge_conditions(
+        previous.get("conditions"), decided, generation=generation, now=now
+    )
     if all(previous.get(field) == value for field, value in status.items()):
         return
     try:
