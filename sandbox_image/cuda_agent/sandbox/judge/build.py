@@ -22,7 +22,7 @@ import subprocess
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,10 +38,82 @@ BUILD_LOG_LIMIT = 8192
 HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx")
 BINDING_OPT = "-O1"  # optimisation level of workspace bindings (torch glue) and of their precompiled header
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+INCLUDE_ANY = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 
 class BuildTimeout(Exception):
     """The build phase ran past its deadline."""
+
+
+@dataclass(frozen=True)
+class VendorLibrary:
+    """A vendor library a CUDA extension may link (CUDA Agent's rules: cuBLAS/cuBLASLt, cuDNN)."""
+
+    name: str  # as in -l<name>
+    include_dir: str
+    lib_dir: str
+    link: str  # -l<name>, or -l:lib<name>.so.<N> where only the versioned file exists (pip wheels)
+
+
+# name -> (the header that declares it, the headers whose inclusion links it into a workspace build)
+VENDOR_HEADERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cublas": ("cublas_v2.h", ("cublas_v2.h", "cublas.h", "cublas_api.h")),
+    "cublasLt": ("cublasLt.h", ("cublasLt.h",)),
+    "cudnn": ("cudnn.h", ("cudnn.h", "cudnn_frontend.h")),
+}
+
+
+def _vendor_roots(site_packages: str, cuda_home: str | None) -> list[Path]:
+    """Where the libraries may live: the pip wheels torch itself loads first, then the CUDA toolkit and
+    the system (the sandbox image's CUDA devel base has cuBLAS; cuDNN comes with torch's wheels)."""
+    roots = [Path(site_packages, "nvidia", sub) for sub in ("cudnn", "cu13", "cu12", "cublas")]
+    if cuda_home:
+        roots.append(Path(cuda_home))
+    roots += [Path("/usr"), Path("/usr/local/cuda")]
+    return roots
+
+
+def find_vendor_libraries(site_packages: str, cuda_home: str | None) -> tuple[VendorLibrary, ...]:
+    """Each vendor library whose header and shared library are both found (first root that has them)."""
+    found: list[VendorLibrary] = []
+    for name, (header, _) in VENDOR_HEADERS.items():
+        for root in _vendor_roots(site_packages, cuda_home):
+            includes = [
+                root / "include",
+                root / "include" / "x86_64-linux-gnu",
+                root / "targets" / "x86_64-linux" / "include",
+            ]
+            include = next((d for d in includes if (d / header).is_file()), None)
+            libs = [
+                root / "lib",
+                root / "lib64",
+                root / "lib" / "x86_64-linux-gnu",
+                root / "targets" / "x86_64-linux" / "lib",
+            ]
+            lib_dir = next((d for d in libs if any(d.glob(f"lib{name}.so*"))), None)
+            if include is None or lib_dir is None:
+                continue
+            if (lib_dir / f"lib{name}.so").exists():
+                link = f"-l{name}"
+            else:
+                versioned = sorted((p.name for p in lib_dir.glob(f"lib{name}.so.*")), key=len)
+                link = f"-l:{versioned[0]}"
+            found.append(VendorLibrary(name, str(include), str(lib_dir), link))
+            break
+    return tuple(found)
+
+
+def vendor_libraries_used(texts: Iterable[str]) -> list[str]:
+    """Vendor libraries whose headers the sources include: a workspace build links them."""
+    used: list[str] = []
+    for text in texts:
+        for path in INCLUDE_ANY.findall(text):
+            for name, (_, headers) in VENDOR_HEADERS.items():
+                if path.split("/")[-1] in headers and name not in used:
+                    used.append(name)
+    if "cublasLt" in used and "cublas" not in used:
+        used.append("cublas")
+    return used
 
 
 @dataclass(frozen=True)
@@ -61,11 +133,30 @@ class Toolchain:
     cpu_model: str
     # Where torch's package directory lives (site-packages); not part of any cache key, see `key`.
     site_packages: str = ""
+    # Vendor libraries found for CUDA builds (cuBLAS, cuBLASLt, cuDNN): see `find_vendor_libraries`.
+    vendor: tuple[VendorLibrary, ...] = ()
 
     @property
     def tag(self) -> str:
         identity = {k: v for k, v in self.__dict__.items() if k != "site_packages"}
+        if not self.vendor:  # CPU toolchains: the same key as before vendor libraries existed
+            identity.pop("vendor")
         return self.key(identity)[:24]
+
+    def vendor_include_flags(self) -> list[str]:
+        flags: list[str] = []
+        for lib in self.vendor:
+            if lib.include_dir not in self.torch_includes and "-isystem" + lib.include_dir not in flags:
+                flags += ["-isystem", lib.include_dir]
+        return flags
+
+    def link_args(self, names: Sequence[str]) -> list[str]:
+        """Linker arguments for the vendor libraries `names` (`-lcudnn` -> the copy torch itself loads)."""
+        args: list[str] = []
+        for lib in self.vendor:
+            if lib.name in names:
+                args += ["-L", lib.lib_dir, lib.link]
+        return args
 
     def key(self, material: Any) -> str:
         """A cache key for `material`. Paths under site-packages are named relative to it: the same torch
@@ -118,6 +209,7 @@ def detect_toolchain(device: str) -> Toolchain:
         cuda_lib = cpp_extension.library_paths("cuda")[-1]
         major, minor = torch.cuda.get_device_capability()
         arch = (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)
+    site_packages = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
     includes = [*cpp_extension.include_paths("cuda" if device == "cuda" else "cpu")]
     includes.append(sysconfig.get_path("include", scheme="posix_prefix"))
     return Toolchain(
@@ -132,7 +224,8 @@ def detect_toolchain(device: str) -> Toolchain:
         cuda_lib=cuda_lib,
         cuda_arch_flags=arch,
         cpu_model=_cpu_model(),
-        site_packages=os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))),
+        site_packages=site_packages,
+        vendor=find_vendor_libraries(site_packages, cpp_extension.CUDA_HOME) if device == "cuda" else (),
     )
 
 
@@ -497,6 +590,26 @@ def _sha256(path: Path) -> str:
 # --- workspace layout: kernels/*.cu | *.cpp, kernels/*_binding.cpp, frozen binding.cpp ---------------------
 
 
+def remove_frozen_copies(candidate: Path) -> list[str]:
+    """Delete the candidate's own copies of the frozen files (never compiled); one note per file."""
+    notes: list[str] = []
+    for name in FROZEN_FILES:
+        for path in sorted(candidate.rglob(name)):
+            path.unlink()
+            notes.append(
+                f"candidate's {path.relative_to(candidate)} replaced: the judge's frozen copy is used"
+            )
+    return notes
+
+
+def install_frozen_files(candidate: Path) -> None:
+    """The judge's frozen files at the workspace root, where the CUDA Agent release keeps them, so that
+    `#include "../binding_registry.h"` from kernels/ resolves to the judge's header."""
+    if (candidate / "kernels").is_dir():
+        for name in FROZEN_FILES:
+            shutil.copyfile(FROZEN_DIR / name, candidate / name)
+
+
 def workspace_sources(candidate: Path) -> dict[str, list[Path]]:
     kernels = candidate / "kernels"
     files = sorted(p for p in kernels.iterdir() if p.is_file()) if kernels.is_dir() else []
@@ -524,21 +637,25 @@ def build_workspace(
     if sources["cuda"] and toolchain.device != "cuda":
         return BuildOutcome(ok=False, cached=False, error="build failed: kernels/*.cu need --device cuda")
     units: list[Unit] = []
+    vendor_flags = toolchain.vendor_include_flags()
     for src in sources["cuda"]:
-        flags = ["-O3", *toolchain.cuda_arch_flags, "-Xcompiler", "-fPIC", "-std=c++17"]
+        flags = ["-O3", *toolchain.cuda_arch_flags, "-Xcompiler", "-fPIC", "-std=c++17", *vendor_flags]
         units.append(Unit(f"kernels/{src.name}", "cuda-plain", src, flags, [kernels_dir], WORKSPACE_MODULE))
     for src in sources["plain"]:
         flags = ["-O3", "-march=native", "-fPIC", "-std=c++17"]
         units.append(Unit(f"kernels/{src.name}", "cxx-plain", src, flags, [kernels_dir], WORKSPACE_MODULE))
     # Bindings are host glue (checks, allocation, a launch): -O1 compiles them in about 2/3 of -O2's time
     # against the PCH (13.1 -> 8.6 s measured) and the reward counts device time only.
-    binding_flags = [*_torch_cxx_flags(toolchain, WORKSPACE_MODULE), BINDING_OPT]
+    binding_flags = [*_torch_cxx_flags(toolchain, WORKSPACE_MODULE), *vendor_flags, BINDING_OPT]
     search = [FROZEN_DIR, kernels_dir]
     for src in [*sources["binding"], FROZEN_DIR / "binding.cpp"]:
         label = f"kernels/{src.name}" if src.parent == kernels_dir else f"frozen/{src.name}"
         units.append(Unit(label, "cxx-torch", src, binding_flags, search, WORKSPACE_MODULE))
+    # A workspace has no linker flags of its own: including cuBLAS's or cuDNN's header links the library.
+    texts = [p.read_text(errors="replace") for key in ("cuda", "plain", "binding") for p in sources[key]]
+    ldflags = toolchain.link_args(vendor_libraries_used(texts))
     so, cached, log = _build_units(
-        WORKSPACE_MODULE, units, [], toolchain, cache, deadline, pch_user_flags=[BINDING_OPT]
+        WORKSPACE_MODULE, units, ldflags, toolchain, cache, deadline, pch_user_flags=[BINDING_OPT]
     )
     if so is None:
         return BuildOutcome(ok=False, log=log, cached=False, error="build failed")
@@ -558,6 +675,21 @@ def _resolve_include_dirs(spec: dict[str, Any], candidate: Path) -> list[Path]:
             raise ValueError(f"extra_include_paths entry {raw!r} is not a directory inside the candidate")
         dirs.append(path)
     return dirs
+
+
+def _spec_ldflags(spec: dict[str, Any], toolchain: Toolchain) -> list[str]:
+    """The spec's (screened) linker flags, with `-lcublas` / `-lcudnn` pointed at the copy torch loads,
+    and the vendor libraries whose headers the sources include linked even without the flag."""
+    vendor = {lib.name for lib in toolchain.vendor}
+    wanted = vendor_libraries_used(unit["code"] for unit in spec["units"])
+    flags: list[str] = []
+    for flag in spec["extra_ldflags"]:
+        name = flag[2:] if flag.startswith("-l") else ""
+        if name in vendor:
+            wanted.append(name)
+        else:
+            flags.append(flag)
+    return flags + toolchain.link_args(list(dict.fromkeys(wanted)))
 
 
 def screen_spec(spec: dict[str, Any]) -> list[str]:
@@ -599,6 +731,7 @@ def build_specs(
         else:
             arch = list(toolchain.cuda_arch_flags)
         include_dirs = _resolve_include_dirs(spec, candidate)
+        vendor_flags = toolchain.vendor_include_flags()
         scratch = cache.root / "src" / spec["digest"][:32]
         scratch.mkdir(parents=True, exist_ok=True)
         units: list[Unit] = []
@@ -619,6 +752,7 @@ def build_specs(
                     *arch,
                     "--compiler-options",
                     "-fPIC",
+                    *vendor_flags,
                     *spec["extra_cuda_cflags"],
                 ]
                 if not any(f.startswith("-std=") for f in spec["extra_cuda_cflags"]):
@@ -627,14 +761,14 @@ def build_specs(
                     Unit(f"{spec['name']}/{path.name}", "cuda-torch", path, flags, include_dirs, spec["name"])
                 )
             else:
-                flags = [*_torch_cxx_flags(toolchain, spec["name"]), *spec["extra_cflags"]]
+                flags = [*_torch_cxx_flags(toolchain, spec["name"]), *vendor_flags, *spec["extra_cflags"]]
                 units.append(
                     Unit(f"{spec['name']}/{path.name}", "cxx-torch", path, flags, include_dirs, spec["name"])
                 )
         so, cached, log = _build_units(
             spec["name"],
             units,
-            list(spec["extra_ldflags"]),
+            _spec_ldflags(spec, toolchain),
             toolchain,
             cache,
             deadline,

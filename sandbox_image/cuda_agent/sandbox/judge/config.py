@@ -101,6 +101,25 @@ class OpPolicy(BaseModel):
             "_scaled_mm", "_int_mm",
         }
     )  # fmt: skip
+    # Vendor libraries the extension may call directly (CUDA Agent's rules: cuBLAS/cuBLASLt for GEMM,
+    # cuDNN for convolution): library -> regexes of the kernel names it launches (demangled, as the
+    # profiler reports them). Their kernels, launched from extension code with no aten op around the
+    # launch, count as the candidate's device work like its own `__global__` kernels (policy.py).
+    # fmt: off
+    libraries: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: {
+            "cublas": (
+                r"gemm", r"gemv", r"cublas", r"splitKreduce", r"\bdot_kernel", r"\breduce_1Block_kernel",
+                r"\bscal_kernel", r"\baxpy_kernel", r"cutlass", r"xmma", r"\bsm\d+_",
+            ),
+            "cudnn": (
+                r"cudnn", r"convolve", r"conv\w*kernel", r"fprop", r"winograd", r"\bfft", r"implicit_gemm",
+                r"nchwToNhwc", r"nhwcToNchw", r"xmma", r"cutlass", r"\bsm\d+_", r"flip_filter",
+                r"op_generic_tensor_kernel", r"scalePackedTensor", r"genericConv",
+            ),
+        }
+    )
+    # fmt: on
 
 
 class JudgeConfig(BaseModel):

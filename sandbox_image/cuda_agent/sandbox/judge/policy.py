@@ -51,6 +51,35 @@ def kernel_matches(kernel_name: str, global_names: Iterable[str]) -> bool:
     )
 
 
+# Device memory operations (kineto names them "Memset (Device)", "Memcpy DtoD (Device -> Device)"...).
+MEMORY_OP = re.compile(r"^Mem(?:set|cpy)\b")
+
+
+def library_of(kernel_name: str, policy: OpPolicy) -> str | None:
+    """The allowed library (`OpPolicy.libraries`) whose kernel names match, if any."""
+    for library, patterns in policy.libraries.items():
+        if any(re.search(p, kernel_name) for p in patterns):
+            return library
+    return None
+
+
+def library_work(kernel: dict[str, Any], policy: OpPolicy, global_kernels: Iterable[str]) -> str | None:
+    """What an allowed library launched on the candidate's behalf: a library kernel, or a memset/memcpy,
+    launched directly by extension code (inside an extension call, on the forward's thread, no aten op
+    around the launch) that is neither one of the candidate's own kernels nor a PyTorch kernel. Returns
+    the library's name ("memory" for a memset/memcpy), or None."""
+    name = str(kernel["name"])
+    if (
+        kernel.get("origin") != "extension"
+        or kernel_matches(name, global_kernels)
+        or TORCH_KERNEL.search(name)
+    ):
+        return None
+    if MEMORY_OP.match(name):
+        return "memory"
+    return library_of(name, policy)
+
+
 def call_violations(
     report: dict[str, Any], *, device: str, policy: OpPolicy, custom_ops: set[str], global_kernels: list[str]
 ) -> list[str]:
@@ -63,14 +92,28 @@ def call_violations(
         kernels = report.get("kernels", [])
         current = report.get("current_stream")
         own = [k for k in kernels if kernel_matches(k["name"], global_kernels)]
-        if not own:
+        # A library kernel (cuBLAS, cuDNN: `OpPolicy.libraries`) launched by the extension is device
+        # work the candidate chose, like its own kernel; a memset/memcpy alone is not.
+        library = [k for k in kernels if library_work(k, policy, global_kernels) not in (None, "memory")]
+        if not own and not library:
             names = ", ".join(global_kernels) or "none found in the sources"
-            found.append(f"no-custom-kernel: no launch of the candidate's own __global__ kernels ({names})")
+            allowed = ", ".join(sorted(policy.libraries)) or "none"
+            found.append(
+                f"no-custom-kernel: no launch of the candidate's own __global__ kernels ({names}) "
+                f"nor of an allowed library's kernels ({allowed}) from its extension"
+            )
         for k in kernels:
             short = k["name"][:120]
             if k["origin"] == "unattributed":
                 found.append(f"side-stream: kernel {short} was launched outside the forward's thread")
-            elif current is not None and k["stream"] != current:
+            elif (
+                current is not None
+                and k["stream"] != current
+                and library_work(k, policy, global_kernels) is None
+            ):
+                # Work a library launched on a stream of its own (cuDNN's workspace memset) is not the
+                # candidate hiding work: it is timed on every stream all the same, outputs are compared
+                # again after a full device sync, and the host cross-check still bounds the call.
                 found.append(
                     f"side-stream: kernel {short} ran on stream {k['stream']}, "
                     f"not the current stream {current}"
@@ -82,6 +125,19 @@ def call_violations(
             elif k["origin"] == "extension" and TORCH_KERNEL.search(k["name"]):
                 found.append(f"torch-compute: PyTorch kernel {short} called directly from the extension")
     return sorted(set(found))
+
+
+def library_notes(report: dict[str, Any], policy: OpPolicy, global_kernels: list[str]) -> list[str]:
+    """Which allowed libraries' work the call launched, and what of it ran on a stream of its own."""
+    notes: list[str] = []
+    current = report.get("current_stream")
+    for k in report.get("kernels", []):
+        library = library_work(k, policy, global_kernels)
+        if library is None:
+            continue
+        where = f" on its own stream {k['stream']}" if current is not None and k["stream"] != current else ""
+        notes.append(f"library work ({library}){where}: {str(k['name'])[:100]}")
+    return sorted(set(notes))
 
 
 def timing_violations(result: dict[str, Any], settings: ProfileSettings) -> tuple[list[str], list[str]]:
