@@ -391,6 +391,9 @@ class SessionManager:
             kernel_note="CUDA C++; keep torch headers out of .cu files"
             if cuda
             else "plain C++, no torch headers",
+            libraries="cuBLAS / cuBLASLt for GEMM and cuDNN for convolution (or at::mm / at::conv2d)"
+            if cuda
+            else "at::mm / at::matmul for GEMM and at::convolution for convolution (MKL / oneDNN)",
             quota_mib=self.config.workspace_quota_mib,
         )
         fs.write_bytes("model.py", session.task_source.encode())
