@@ -47,6 +47,22 @@ def get_init_inputs():
     return []
 """
 
+# Outside /tmp: agent commands get the session's own /tmp, so a state directory below it would have to be
+# re-exposed inside every session's /tmp (restricted mode refuses that, see isolation.agent_scratch).
+STATE_ROOT = "/var/lib/cuda-agent-tests" if os.geteuid() == 0 else None
+
+
+def state_root(prefix: str, mode: int = 0o711) -> Path:
+    """A fresh directory for one server's state (the sandbox uids must reach their sessions; a restricted
+    server lists the directories above its state directory for Landlock, so needs 0755)."""
+    if STATE_ROOT is not None:
+        os.makedirs(STATE_ROOT, exist_ok=True)
+        os.chmod(STATE_ROOT, 0o755)
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=STATE_ROOT))
+    os.chmod(root, mode)
+    return root
+
+
 # Each server gets its own uid range so tests never collide with a server left by another run.
 _next_uid_base = [61000 + 2000 * (os.getpid() % 8)]
 
@@ -91,9 +107,8 @@ def start_server(
     judge_command: list[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> RunningServer:
-    """Start a server on a free port; its state directory lives under /tmp (searchable by sandbox uids)."""
-    root = Path(tempfile.mkdtemp(prefix="cuda-agent-sbx-test-", dir="/tmp"))
-    os.chmod(root, 0o711)
+    """Start a server on a free port; its state directory is searchable by the sandbox uids."""
+    root = state_root("sbx-")
     uid_base = _next_uid_base[0]
     _next_uid_base[0] += 200
     command_words = judge_command or [sys.executable, str(judge_dir / "fake_judge.py")]
@@ -140,3 +155,53 @@ def start_server(
 def cleanup(server: RunningServer) -> None:
     server.stop()
     shutil.rmtree(server.state_dir.parent, ignore_errors=True)
+
+
+RESTRICTED_SERVER_UID = 60900  # no passwd entry needed
+
+
+def start_restricted_server(*args: str) -> RunningServer:
+    """A server without root, as in a Pod Security "restricted" pod: started under an unprivileged uid
+    through the server's own launcher (which also hides /root, where this machine's interpreter lives)."""
+    from cuda_agent.sandbox.server.isolation import launch_argv, unconfined_spec
+
+    uid = RESTRICTED_SERVER_UID
+    root = state_root("sbx-r-", mode=0o755)
+    state = root / "state"
+    state.mkdir()
+    os.chown(state, uid, uid)
+    argv = [
+        sys.executable,
+        "-m",
+        "cuda_agent.cli",
+        "sandbox",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(state),
+        "--judge-command",
+        f"{sys.executable} {FAKE_JUDGE}",
+        "--judge-dir",
+        str(FAKE_JUDGE_DIR),
+        "--frozen-dir",
+        str(REAL_JUDGE_DIR / "frozen"),
+        "--workspace-quota-mib",
+        "64",
+        *args,
+    ]
+    expose = sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))})
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(state), "CUDA_AGENT_TEST_SECRET": SECRET}
+    spec = unconfined_spec(
+        argv, env, str(state), uid=uid, gid=uid, new_mountns=True, masks=[{"path": "/root", "expose": expose}]
+    )
+    log = root / "server.log"
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(launch_argv(spec), stdout=subprocess.PIPE, stderr=log_file)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith(b"{"):
+        proc.kill()
+        raise RuntimeError(f"restricted server did not start:\n{log.read_text()[-3000:]}")
+    ready = json.loads(line)
+    return RunningServer(ready["url"], ready["pid"], proc, state, log, 0)

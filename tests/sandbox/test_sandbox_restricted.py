@@ -5,90 +5,42 @@ the server's own launcher (which also hides /root, where this machine's interpre
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import FAKE_JUDGE, REAL_JUDGE_DIR, SECRET, TASK, RunningServer, needs_root
-
-from cuda_agent.sandbox.server.isolation import launch_argv
+from sandbox_helpers import (
+    RESTRICTED_SERVER_UID,
+    SECRET,
+    TASK,
+    RunningServer,
+    cleanup,
+    needs_root,
+    start_restricted_server,
+)
 
 pytestmark = needs_root()
-SERVER_UID = 60900  # no passwd entry needed
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RunningServer]:
-    root = Path(tempfile.mkdtemp(prefix="cuda-agent-sbx-restricted-", dir="/tmp"))
-    os.chmod(root, 0o755)
-    state = root / "state"
-    state.mkdir()
-    os.chown(state, SERVER_UID, SERVER_UID)
-    argv = [
-        sys.executable,
-        "-m",
-        "cuda_agent.cli",
-        "sandbox",
-        "serve",
-        "--port",
-        "0",
-        "--state-dir",
-        str(state),
-        "--judge-command",
-        f"{sys.executable} {FAKE_JUDGE}",
-        "--judge-dir",
-        str(FAKE_JUDGE.parent),
-        "--frozen-dir",
-        str(REAL_JUDGE_DIR / "frozen"),
-        "--workspace-quota-mib",
-        "64",
-    ]
-    expose = sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))})
-    spec = {
-        "argv": argv,
-        "env": {"PATH": "/usr/bin:/bin", "HOME": str(state), "CUDA_AGENT_TEST_SECRET": SECRET},
-        "cwd": str(state),
-        "uid": SERVER_UID,
-        "gid": SERVER_UID,
-        "groups": [],
-        "rlimits": {},
-        "new_netns": False,
-        "new_mountns": True,
-        "masks": [{"path": "/root", "expose": expose}],
-        "hide": [],
-        "seccomp": None,
-        "oom_score_adj": None,
-        "umask": 0o022,
-    }
-    log = root / "server.log"
-    with open(log, "wb") as log_file:
-        proc = subprocess.Popen(launch_argv(spec), stdout=subprocess.PIPE, stderr=log_file)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith(b"{"):
-        proc.kill()
-        raise RuntimeError(f"restricted server did not start:\n{log.read_text()[-3000:]}")
-    ready = json.loads(line)
-    running = RunningServer(ready["url"], ready["pid"], proc, state, log, 0)
+@pytest.fixture(scope="module", params=["auto", "off"], ids=["userns", "no-userns"])
+def server(request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    """Both restricted variants: with user namespaces (this kernel allows them) and without (what a pod
+    whose seccomp profile refuses unshare gets)."""
+    running = start_restricted_server("--user-namespaces", request.param)
     try:
         yield running
     finally:
-        running.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        cleanup(running)
 
 
 def test_server_reports_restricted_isolation_and_serves_tools(server: RunningServer) -> None:
     assert server.client.status().isolation == "restricted"
     sid = server.client.create_session(TASK).session_id
     result = server.client.tool(sid, "bash", {"command": "id -u; cat model.py | head -1"})
-    assert result.output.splitlines() == [str(SERVER_UID), "import torch"]
+    assert result.output.splitlines() == [str(RESTRICTED_SERVER_UID), "import torch"]
     server.client.tool(sid, "write", {"file_path": "model_new.py", "content": "x"})
     verify = server.client.tool(sid, "bash", {"command": "verify"})
     assert "correct: yes" in verify.output
@@ -114,7 +66,8 @@ python -c "import socket; socket.create_connection(('127.0.0.1', {server.port}))
     lines = result.output.strip().splitlines()
     assert lines[0].endswith("Operation not permitted")
     assert lines[1] == "-1 Operation not permitted"
-    assert "Permission denied" in lines[2]  # the server is non-dumpable
+    # The server is non-dumpable, or (user namespaces) not even in the command's PID namespace.
+    assert "Permission denied" in lines[2] or "No such file" in lines[2]
     assert lines[3] == "0"
     assert lines[4].startswith("PermissionError")
     assert server.healthy()
@@ -168,22 +121,38 @@ echo mine > own.txt && cat own.txt
     lines = result.output.strip().splitlines()
     assert all("Permission denied" in line for line in lines[:3]), lines
     assert lines[3] == "mine" and "first's kernel" not in result.output
-    # Landlock ABI >= 6 scopes signals: the other session's processes are out of reach too.
-    job = server.client.tool(
-        first.session_id, "bash", {"command": "echo $$; exec sleep 300", "run_in_background": True}
-    )
-    pids: list[str] = []
-    for _ in range(100):
-        out = server.client.tool(first.session_id, "bash_output", {"bash_id": job.bash_id})  # type: ignore[attr-defined]
-        pids += [line for line in out.output.splitlines() if line.isdigit()]
-        if pids:
-            break
-        time.sleep(0.05)
-    pid = pids[0]
+    # Landlock ABI >= 6 scopes signals (and, with user namespaces, the other session's processes are not
+    # even in this one's PID namespace): the other session's processes are out of reach too.
+    marker = f"sleep 3{os.getpid() % 100:02d}"
+    server.client.tool(first.session_id, "bash", {"command": f"exec {marker}", "run_in_background": True})
+    pid = wait_for_process(marker)
     killed = server.client.tool(second.session_id, "bash", {"command": f"kill -9 {pid} 2>&1 | tail -1"})
-    assert killed.output.strip().endswith("Operation not permitted")
+    assert killed.output.strip().endswith(("Operation not permitted", "No such process"))
+    assert is_running(pid)
     # Inside the judge (same uid as well) the candidate snapshot cannot be changed.
     server.client.tool(second.session_id, "write", {"file_path": "model_new.py", "content": "x"})
     run = server.client.judge(second.session_id, "verify")
     assert run.result is not None and run.result.model_extra is not None
     assert run.result.model_extra["observed"]["candidate_writable"] is False
+
+
+def wait_for_process(args: str) -> int:
+    """The (host) pid of the process whose command line is `args`, once it runs."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        for name in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").strip() == args.encode():
+                    return int(name)
+            except OSError:
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no process {args!r} appeared")
+
+
+def is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

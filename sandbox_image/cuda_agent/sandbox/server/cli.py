@@ -141,6 +141,8 @@ async def self_test(isolation: Isolation, config: SandboxServerConfig) -> None:
     probe = config.state_dir / "probe"
     probe.mkdir(exist_ok=True)
     os.chmod(probe, 0o755)
+    for scratch in ("tmp", "shm"):  # become the probe's /tmp and /dev/shm, as a session's do
+        (probe / scratch).mkdir(exist_ok=True)
     slot = isolation.slot(0)
     env = isolation.base_env() | {"PATH": "/usr/bin:/bin"}
     spec = isolation.agent_spec(slot, ["/bin/sh", "-c", "true"], env, str(probe), [str(probe)])

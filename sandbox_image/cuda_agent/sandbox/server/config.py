@@ -64,7 +64,18 @@ class SandboxServerConfig(BaseModel):
     )
     agent_limits: ProcessLimits = ProcessLimits()
     judge_limits: ProcessLimits = ProcessLimits(memory_mib=None, processes=512, file_size_mib=2048)
-    workspace_quota_mib: int = Field(default=2048, ge=16, description="bytes a session's workspace may hold")
+    workspace_quota_mib: int = Field(
+        default=2048, ge=16, description="bytes a session's workspace, /tmp and /dev/shm may hold together"
+    )
+    workspace_max_inodes: int = Field(
+        default=100_000, ge=1000, description="files and directories a session's scratch space may hold"
+    )
+    user_namespaces: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="restricted mode: give agent commands private PID, IPC, mount and network namespaces "
+        "through an unprivileged user namespace (auto: when the kernel and the pod's seccomp profile "
+        "allow it)",
+    )
     bash_default_timeout_s: float = Field(default=120.0, gt=0)
     bash_max_timeout_s: float = Field(default=600.0, gt=0)
     output_limit_chars: int = Field(

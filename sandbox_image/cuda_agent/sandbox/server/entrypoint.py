@@ -16,6 +16,7 @@ import socket
 import sys
 
 DEFAULT_SOCKET = ""
+TOKEN = ""  # the session's channel token, written in when the server installs this script
 STAGES = ("compile", "verify", "profile")
 
 
@@ -34,7 +35,7 @@ def main(argv: list[str]) -> int:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(path)
-            conn.sendall(json.dumps({"stage": stage}).encode() + b"\n")
+            conn.sendall(json.dumps({"stage": stage, "token": TOKEN}).encode() + b"\n")
             reply = b""
             while not reply.endswith(b"\n"):
                 chunk = conn.recv(65536)

@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import glob
+import logging
 import marshal
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +29,8 @@ from typing import Any
 import cuda_agent
 from cuda_agent.sandbox.server.config import ProcessLimits, SandboxServerConfig
 from cuda_agent.sandbox.server.seccomp_bpf import FilterPolicy, build_filter
+
+log = logging.getLogger(__name__)
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
 PR_SET_DUMPABLE = 4
@@ -94,6 +98,25 @@ def _expose_paths(config: SandboxServerConfig) -> list[str]:
     return outermost
 
 
+# Shared, world-writable scratch places: every child gets its own instead (agents: the session's tmp/ and
+# shm/, counted against its quota; judges: an empty tmpfs per run). /run holds the host's service
+# sockets (a pathname socket is reachable from any network namespace), so agents get an empty one.
+PRIVATE_SCRATCH = {"/tmp": "tmp", "/var/tmp": "tmp", "/dev/shm": "shm"}
+AGENT_HIDDEN_DIRS = ("/run",)
+# Restricted mode without namespaces: the devices an agent command may write (not /dev/shm or /dev/mqueue,
+# which would be shared between sessions and outlive them).
+AGENT_DEVICES = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+)
+
+
 class Isolation:
     """Builds the launcher spec for every child and cleans up after sessions."""
 
@@ -102,16 +125,30 @@ class Isolation:
         self.mode = mode
         self.private_mounts = private_mounts
         self.server_pid = os.getpid()
+        # Agent commands get PID, IPC, mount and network namespaces as root, and through an unprivileged
+        # user namespace in restricted mode where the kernel and the pod's seccomp profile allow one.
+        self.user_namespaces = not self.is_root and user_namespaces_usable(config.user_namespaces)
+        self.namespaces = self.is_root or self.user_namespaces
         protected = (self.server_pid, os.getpgid(0))
-        self.agent_filter = build_filter(FilterPolicy(protected_pids=protected)).hex()
+        agent_policy = FilterPolicy(protected_pids=protected, deny_sysv_ipc=not self.namespaces)
+        self.agent_filter = build_filter(agent_policy).hex()
         # The judge's own orchestrator may start worker sessions; it is killed by uid (root) or group.
         self.judge_filter = build_filter(FilterPolicy(deny_new_session=False, protected_pids=protected)).hex()
-        exposes = _expose_paths(config)
-        self.masks = [
-            {"path": str(m), "expose": [p for p in exposes if p.startswith(str(m).rstrip("/") + "/")]}
-            for m in config.mask_paths
+        self.exposes = _expose_paths(config)
+        self.masks = [self._mask(str(m)) for m in config.mask_paths]
+        self.judge_masks = self.masks + [
+            self._mask(path, size_kib=config.judge_limits.file_size_mib << 10, mode="1777")
+            for path in PRIVATE_SCRATCH
         ]
         self.judge_group = config.uid_base - 1
+        # A session's tmp/ bound over /tmp cannot re-expose a state directory below /tmp without making
+        # that directory an ancestor of the bind under Landlock, which would open every session to every
+        # other: restricted mode then leaves that place shared (a warning; keep the state elsewhere).
+        self.agent_scratch = dict(PRIVATE_SCRATCH)
+        for path in PRIVATE_SCRATCH:
+            if self.user_namespaces and self._mask(path)["expose"]:
+                log.warning("state directory below %s: agent commands share %s", path, path)
+                del self.agent_scratch[path]
         # Restricted mode has one uid for everything; Landlock hides the state directory (other sessions,
         # judge snapshots) from each child, which then sees only its own directories beneath it.
         self.landlock_read = [] if self.is_root else readable_outside(config.state_dir)
@@ -127,20 +164,35 @@ class Isolation:
         agent = self.config.uid_base + 2 * index
         return Slot(index, agent, agent, agent + 1, agent + 1)
 
+    def _mask(self, path: str, **changes: Any) -> dict[str, Any]:
+        """A directory covered in the child (by an empty tmpfs unless `source` is given), with the paths
+        beneath it that children still need (the interpreter, the state directory) bound back in."""
+        expose = [p for p in self.exposes if p.startswith(path.rstrip("/") + "/")]
+        return {"path": path, "expose": expose, **changes}
+
     def launch_argv(self, spec: dict[str, Any]) -> list[str]:
         return launch_argv(spec)
 
     def agent_spec(
         self, slot: Slot, argv: list[str], env: dict[str, str], cwd: str, writable: list[str]
     ) -> dict[str, Any]:
-        """`writable`: the session's own directories (the only part of the state directory it sees)."""
+        """`writable`: the session's own directories (the only part of the state directory it sees);
+        the first is the session directory, whose tmp/ and shm/ become the command's /tmp and /dev/shm."""
         hide = [] if self.config.agent_gpu_access else sorted(glob.glob("/dev/nvidia*"))
         limits = self.config.agent_limits
         if self.config.agent_gpu_access:
             # CUDA reserves far more address space than it uses: RLIMIT_AS would break cuInit.
             limits = limits.model_copy(update={"memory_mib": None})
         spec = self._spec(slot.agent_uid, slot.agent_gid, [], argv, env, cwd, limits, self.agent_filter, hide)
-        return spec | {"landlock": self._landlock(writable)}
+        session_dir = writable[0]
+        scratch = [f"{session_dir}/{name}" for name in sorted(set(PRIVATE_SCRATCH.values()))]
+        if self.namespaces:
+            masks = self.masks + [self._mask(p) for p in AGENT_HIDDEN_DIRS]
+            masks += [self._mask(p, source=f"{session_dir}/{d}") for p, d in self.agent_scratch.items()]
+            namespaces = dict.fromkeys(("new_netns", "new_mountns", "new_ipcns", "new_pidns"), True)
+            spec |= namespaces | {"new_userns": self.user_namespaces, "masks": masks, "hide": hide}
+        devices = [] if self.namespaces else list(AGENT_DEVICES)
+        return spec | {"landlock": self._landlock([*writable, *scratch], devices=devices)}
 
     def judge_spec(
         self,
@@ -159,16 +211,21 @@ class Isolation:
         spec = self._spec(
             slot.judge_uid, slot.judge_gid, groups, argv, env, cwd, limits, self.judge_filter, []
         )
+        if self.is_root:
+            # No PID namespace: the GPU lock identifies holders by pid across judges (gpu_lock.is_alive).
+            spec["masks"] = self.judge_masks
         if shared_cache and self.is_root:
             spec["umask"] = 0o007
         return spec | {"landlock": self._landlock(writable, readable)}
 
     def _landlock(
-        self, writable: list[str], readable: list[str] | None = None
+        self, writable: list[str], readable: list[str] | None = None, devices: list[str] | None = None
     ) -> dict[str, list[str]] | None:
+        """`devices`: the /dev entries the child may write; None: all of /dev (judges)."""
         if self.is_root:
             return None  # separate uids and 0700 directories already keep sessions apart
-        return {"read": [*self.landlock_read, *(readable or [])], "write": [*writable, "/dev"]}
+        dev = ["/dev"] if devices is None else devices
+        return {"read": [*self.landlock_read, *(readable or [])], "write": [*writable, *dev]}
 
     def _spec(
         self,
@@ -191,8 +248,11 @@ class Isolation:
             "gid": gid if root else None,
             "groups": groups if root else [],
             "rlimits": limits.rlimits(),
+            "new_userns": False,
             "new_netns": root,
             "new_mountns": root,
+            "new_ipcns": root,
+            "new_pidns": False,
             "masks": self.masks if root else [],
             "hide": hide if root else [],
             "seccomp": seccomp_hex,
@@ -217,6 +277,28 @@ def readable_outside(hidden: Path) -> list[str]:
     return roots
 
 
+def user_namespaces_usable(setting: str) -> bool:
+    """Whether an unprivileged child can build the namespaces agent commands get (a user namespace, then
+    PID, IPC, mount and network ones and a /proc of its own): tried once, through the launcher itself.
+    Kubernetes' RuntimeDefault and this image's Localhost seccomp profile refuse unshare, and a masked
+    /proc refuses a new proc mount; then (setting auto) restricted mode goes on without them."""
+    if setting == "off":
+        return False
+    names = ("new_userns", "new_netns", "new_mountns", "new_ipcns", "new_pidns")
+    spec = unconfined_spec(["/bin/true"], {}, "/", **dict.fromkeys(names, True))
+    try:
+        probe = subprocess.run(launch_argv(spec), capture_output=True, timeout=60, check=False)
+        error = probe.stderr.decode(errors="replace").strip() if probe.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        error = str(exc)
+    if not error:
+        return True
+    if setting == "on":
+        raise IsolationError(f"--user-namespaces on, but this environment refuses them: {error}")
+    log.warning("no user namespaces (%s): agent commands share the pod's PID and IPC namespaces", error)
+    return False
+
+
 def landlock_abi() -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     return int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
@@ -233,8 +315,11 @@ def unconfined_spec(argv: list[str], env: dict[str, str], cwd: str, **changes: A
         "gid": None,
         "groups": [],
         "rlimits": {},
+        "new_userns": False,
         "new_netns": False,
         "new_mountns": False,
+        "new_ipcns": False,
+        "new_pidns": False,
         "masks": [],
         "hide": [],
         "seccomp": None,
@@ -255,15 +340,21 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _pids_of_uid(uid: int) -> list[int]:
+def pids_of_uid(uid: int) -> list[int]:
+    """Live (not zombie) processes whose real, effective or saved uid is `uid`. Read from their status
+    file: /proc/<pid> of a non-dumpable process (the judge makes itself one) belongs to root."""
     pids = []
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.stat(f"/proc/{name}").st_uid == uid:
-                    pids.append(int(name))
-            except FileNotFoundError:
-                continue
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f if line[:4] in (b"Stat", b"Uid:"))
+        except (OSError, ValueError):
+            continue  # exited meanwhile
+        uids = fields.get(b"Uid", b"").split()[:3]
+        if not fields.get(b"State", b"").strip().startswith(b"Z") and str(uid).encode() in uids:
+            pids.append(int(name))
     return pids
 
 
@@ -277,7 +368,7 @@ def kill_uid_processes(uid: int, max_rounds: int = 100) -> int:
         raise ValueError(f"refusing to kill all processes of uid {uid}")
     seen: set[int] = set()
     for _ in range(max_rounds):
-        new = [p for p in _pids_of_uid(uid) if p not in seen]
+        new = [p for p in pids_of_uid(uid) if p not in seen]
         if not new:
             break
         for pid in new:

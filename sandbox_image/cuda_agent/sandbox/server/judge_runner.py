@@ -103,6 +103,9 @@ class JudgeService:
         self.zygote: JudgeZygote | None = None
         self._zygote_lock = asyncio.Lock()
         self._slots = asyncio.Semaphore(config.max_concurrent_judges)
+        # One judge run per session slot at a time: a run's cleanup kills every process of the slot's
+        # judge uid, which must never be a later session's judge on the same slot.
+        self._slot_locks: dict[int, asyncio.Lock] = {}
         self.waiting_for_slot = 0
         self.running = 0
 
@@ -152,7 +155,13 @@ class JudgeService:
             return JudgeRun(stage=stage, error=error, text=f"{stage}: refused: {error}")
         self.waiting_for_slot += 1
         try:
-            await self._slots.acquire()
+            slot_lock = self._slot_locks.setdefault(slot.index, asyncio.Lock())
+            await slot_lock.acquire()
+            try:
+                await self._slots.acquire()
+            except BaseException:
+                slot_lock.release()
+                raise
         finally:
             self.waiting_for_slot -= 1
         queue_wait = time.monotonic() - start
@@ -164,6 +173,7 @@ class JudgeService:
         finally:
             self.running -= 1
             self._slots.release()
+            slot_lock.release()
         run.queue_wait_s = queue_wait
         run.wall_s = time.monotonic() - start
         self._record(run)

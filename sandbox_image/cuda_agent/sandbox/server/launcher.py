@@ -3,8 +3,9 @@
 Started as `python -I -S launcher.py SPEC` by the server (never imported), single-threaded, so every step
 here is fork-safe, unlike a preexec_fn inside the multi-threaded server. SPEC is the hex of a `marshal`ed
 dict: marshal is built in, while importing json (and re) would double this process's startup time. The
-order matters: namespaces and mounts need the server's privileges, so they come first; rlimits, then the
-user switch; no_new_privs and the seccomp filter last, because after them nothing can be undone.
+order matters: namespaces and mounts need the server's privileges (or, restricted, a user namespace), so
+they come first; with a PID namespace the launcher forks once and waits as the command's parent; rlimits,
+then the user switch; no_new_privs and the seccomp filter last, because after them nothing can be undone.
 Any failure exits 126 with one line naming the step, so a tool result says why nothing ran.
 """
 
@@ -15,9 +16,10 @@ import resource
 import sys
 from typing import Any
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x1, 0x2, 0x4, 0x1000, 0x4000, 0x40000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 AF_INET, SOCK_DGRAM, SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 2, 2, 0x8913, 0x8914, 0x1
 SIGKILL = 9
@@ -71,19 +73,69 @@ def _loopback_up() -> None:
         os.close(fd)
 
 
-def _mask_paths(masks: list[dict[str, Any]], hide: list[str]) -> None:
-    """Cover each mask path with an empty tmpfs, then bind its `expose` subpaths back in."""
+def _enter_user_namespace() -> None:
+    """Restricted mode: an unprivileged user namespace mapping only our own uid and gid, so that the
+    PID, IPC, mount and network namespaces that follow can be created without privileges. Capabilities
+    held inside it are lost at exec (the mapped uid is not 0), and seccomp refuses a second one."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def _become_pid_namespace_init() -> None:
+    """After unshare(CLONE_NEWPID) only children enter the new namespace: fork, and let this process
+    wait and exit as its child did. The child is the namespace's init; when it ends, the kernel kills
+    everything left in the namespace, so nothing a command starts can outlive it."""
+    pid = os.fork()
+    if pid == 0:
+        return
+    import signal  # only the waiting parent needs it
+
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF if code >= 0 else 128 - code)
+
+
+def _mask_paths(masks: list[dict[str, Any]], hide: list[str], new_proc: bool) -> None:
+    """Cover each mask path with its `source` bound over it (a session's own /tmp, say) or with an empty
+    tmpfs, bind its `expose` subpaths back in, mount a /proc of the child's PID namespace, hide devices."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     for mask in masks:
         if not os.path.isdir(mask["path"]):
             continue
         # O_PATH fds keep the covered directories reachable after the tmpfs hides them.
         keep = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in mask["expose"] if os.path.isdir(p)]
-        _mount("tmpfs", mask["path"], "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        source = mask.get("source")
+        if source:
+            src = os.open(source, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            _mount(f"/proc/self/fd/{src}", mask["path"], None, MS_BIND, None)
+            os.close(src)
+        else:
+            size = mask.get("size_kib", 64)
+            _mount(
+                "tmpfs",
+                mask["path"],
+                "tmpfs",
+                MS_NOSUID | MS_NODEV,
+                f"mode={mask.get('mode', '0755')},size={size}k",
+            )
         for path, fd in keep:
             os.makedirs(path, exist_ok=True)
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
             os.close(fd)
+    if new_proc:
+        # Only this PID namespace's processes: no other session's (or the host's) command lines.
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     for path in hide:
         # /dev/nvidia-caps is a directory on GPU hosts: a file cannot be bound over it, an empty tmpfs can.
         if os.path.isdir(path):
@@ -145,15 +197,23 @@ def confine(spec: dict[str, Any]) -> None:
     """Every step but the exec (also run by the judge zygote in each forked judge, then no exec)."""
     step = "namespaces"
     try:
+        if spec.get("new_userns"):
+            _enter_user_namespace()
         flags = (CLONE_NEWNET if spec["new_netns"] else 0) | (CLONE_NEWNS if spec["new_mountns"] else 0)
+        flags |= (CLONE_NEWIPC if spec.get("new_ipcns") else 0) | (
+            CLONE_NEWPID if spec.get("new_pidns") else 0
+        )
         if flags:
             _check(_libc.unshare(flags), "unshare")
+        if spec.get("new_pidns"):
+            step = "PID namespace"
+            _become_pid_namespace_init()
         if spec["new_netns"]:
             step = "loopback"
             _loopback_up()
         if spec["new_mountns"]:
             step = "mounts"
-            _mask_paths(spec["masks"], spec["hide"])
+            _mask_paths(spec["masks"], spec["hide"], bool(spec.get("new_pidns")))
         step = "oom_score_adj"
         if spec.get("oom_score_adj") is not None:
             with open("/proc/self/oom_score_adj", "w") as f:

@@ -32,6 +32,12 @@ DENIED_ALWAYS = (
 )  # fmt: skip
 # Agent commands may not leave their process group, so a timeout or session end kills all of them.
 DENIED_FOR_AGENT = ("setsid", "setpgid")
+# System V IPC objects live in the IPC namespace, outside every workspace and past every session: refused
+# wherever the child cannot get an IPC namespace of its own.
+SYSV_IPC = (
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop",
+    "msgget", "msgsnd", "msgrcv", "msgctl",
+)  # fmt: skip
 
 SYSCALLS: dict[str, dict[str, int]] = {
     "x86_64": {
@@ -47,7 +53,9 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "userfaultfd": 323, "pidfd_send_signal": 424, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
         "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435, "pidfd_getfd": 438,
-        "mount_setattr": 442,
+        "mount_setattr": 442, "shmget": 29, "shmat": 30, "shmctl": 31, "semget": 64, "semop": 65,
+        "semctl": 66, "shmdt": 67, "msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71,
+        "semtimedop": 220,
     },
     "aarch64": {
         "lookup_dcookie": 18, "umount2": 39, "mount": 40, "pivot_root": 41, "chroot": 51, "vhangup": 58,
@@ -62,7 +70,9 @@ SYSCALLS: dict[str, dict[str, int]] = {
         "pidfd_send_signal": 424, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
         "fsmount": 432, "fspick": 433, "pidfd_open": 434, "clone3": 435, "pidfd_getfd": 438,
-        "mount_setattr": 442,
+        "mount_setattr": 442, "msgget": 186, "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190,
+        "semctl": 191, "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195, "shmat": 196,
+        "shmdt": 197,
     },
 }  # fmt: skip
 
@@ -91,6 +101,7 @@ class FilterPolicy:
 
     deny_network: bool = True
     deny_new_session: bool = True
+    deny_sysv_ipc: bool = False
     protected_pids: tuple[int, ...] = ()
 
 
@@ -134,6 +145,7 @@ def build_filter(policy: FilterPolicy, arch: str | None = None) -> bytes:
         raise ValueError(f"no seccomp syscall table for architecture {arch!r}")
     nr = SYSCALLS[arch]
     denied = list(DENIED_ALWAYS) + (list(DENIED_FOR_AGENT) if policy.deny_new_session else [])
+    denied += list(SYSV_IPC) if policy.deny_sysv_ipc else []
     p = _Program()
     p.stmt(_LD_W_ABS, _OFF_ARCH)
     p.jump(_JEQ_K, AUDIT_ARCH[arch], 0, "kill")

@@ -2,11 +2,16 @@
 
 Layout of a session directory (root mode ownership in brackets):
     <state>/sessions/<id>/            0711 [root]
-        workspace/                    0700 [agent uid]  size-limited tmpfs when mounts are private
-        bin/compile|verify|profile    0755 [root]       on the agent's PATH
+        workspace/                    0700 [agent uid]  \
+        tmp/                          0700 [agent uid]   } TMPDIR, and the commands' /tmp and /dev/shm
+        shm/                          0700 [agent uid]  /  (root: bound from one tmpfs, the quota)
+        scratch/                      0700 [root]       root: that tmpfs (size and inode limits)
+        bin/compile|verify|profile    0750 [root:agent] on the agent's PATH; holds the channel's token
         run/judge.sock                0660 [root:agent] the judge channel (agent commands have no network)
-        tmp/                          0700 [agent uid]  TMPDIR
         judge-cache/                  0700 [judge uid]  build cache of this session's judge runs
+
+Nothing of a session outlives its deletion: its judge run is cancelled, its processes are killed, its
+directories are removed, and its slot (uids) is handed out again only once no process of them is left.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hmac
 import json
 import logging
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -27,7 +34,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from cuda_agent.sandbox.server.config import SandboxServerConfig
-from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_uid_processes
+from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_uid_processes, pids_of_uid
 from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.models import (
@@ -42,7 +49,7 @@ from cuda_agent.sandbox.server.models import (
     TodoItem,
 )
 from cuda_agent.sandbox.server.procs import BackgroundJob
-from cuda_agent.sandbox.server.workspace_fs import WorkspaceFS
+from cuda_agent.sandbox.server.workspace_fs import WorkspaceFS, disk_usage
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +57,11 @@ SKILL_TEMPLATE = Path(__file__).resolve().parents[1] / "skill" / "SKILL.md"
 ENTRYPOINT = Path(__file__).with_name("entrypoint.py")
 FROZEN_FILES = ("binding.cpp", "binding_registry.h")
 MNT_DETACH = 2
-MS_NOSUID, MS_NODEV = 0x2, 0x4
+MS_NOSUID, MS_NODEV, MS_BIND = 0x2, 0x4, 0x1000
+SCRATCH_DIRS = ("workspace", "tmp", "shm")  # what the quota covers
+# The quota watchdog checks at most this many sessions per pass (in turn), so one pass is bounded by
+# this times the inode limit, however many sessions fill their workspaces at once.
+QUOTA_CHECKS_PER_PASS = 8
 
 
 class UnknownSessionError(KeyError):
@@ -74,18 +85,24 @@ class Session:
     directory: Path
     fs: WorkspaceFS
     tmpfs: bool
+    judge_token: str = ""
     created_at: float = field(default_factory=time.time)
     last_activity: float = field(default_factory=time.time)
     jobs: dict[str, BackgroundJob] = field(default_factory=dict)
     todos: list[TodoItem] = field(default_factory=list)
     judge_busy: asyncio.Lock = field(default_factory=asyncio.Lock)
     judge_runs: int = 0
+    judge_task: asyncio.Task[JudgeRun] | None = None
     channel: asyncio.AbstractServer | None = None
     closing: bool = False
 
     @property
     def workspace(self) -> Path:
         return self.directory / "workspace"
+
+    @property
+    def scratch_dirs(self) -> list[Path]:
+        return [self.directory / name for name in SCRATCH_DIRS]
 
     def touch(self) -> None:
         self.last_activity = time.time()
@@ -132,6 +149,9 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.root = config.state_dir / "sessions"
         self._free_slots = list(range(config.max_sessions))
+        # Slots whose processes could not all be killed yet: handed out again once they are gone.
+        self._quarantined: set[int] = set()
+        self._quota_turn = 0
         # Stateless evaluations get their own slots (and uids), handed out in FIFO order.
         self._eval_slots: asyncio.Queue[int] = asyncio.Queue()
         for i in range(config.max_concurrent_judges):
@@ -160,8 +180,9 @@ class SessionManager:
         session_id = uuid.uuid4().hex[:16]
         directory = self.root / session_id
         try:
-            if self.isolation.is_root:
-                await asyncio.to_thread(kill_uid_processes, slot.agent_uid)  # leftovers of a crashed run
+            if self.isolation.is_root:  # leftovers of a crashed run
+                await asyncio.to_thread(kill_uid_processes, slot.agent_uid)
+                await asyncio.to_thread(kill_uid_processes, slot.judge_uid)
             tmpfs = await asyncio.to_thread(self._make_dirs, directory, slot)
             owner = (slot.agent_uid, slot.agent_gid) if self.isolation.is_root else None
             session = Session(
@@ -176,6 +197,7 @@ class SessionManager:
                 directory=directory,
                 fs=WorkspaceFS(directory / "workspace", owner),
                 tmpfs=tmpfs,
+                judge_token=secrets.token_hex(16),
             )
             self._seed(session)
             session.channel = await asyncio.start_unix_server(
@@ -205,11 +227,16 @@ class SessionManager:
         session.closing = True
         if session.channel is not None:
             session.channel.close()
+        # A judge run of a deleted session is stopped, and its cleanup (which kills by the slot's judge
+        # uid) has finished before the slot can go to the next session.
+        if session.judge_task is not None and not session.judge_task.done():
+            session.judge_task.cancel()
+            await asyncio.wait({session.judge_task})
         killed = sum(1 for job in session.jobs.values() if job.status == "running")
         for job in session.jobs.values():
             job.kill()
         if self.isolation.is_root:
-            killed = await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid)
+            killed = max(killed, await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid))
         for job in session.jobs.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(job.proc.wait(), 5)
@@ -217,9 +244,27 @@ class SessionManager:
                 job.pump.cancel()
         await asyncio.to_thread(self._remove_dirs, session.directory)
         self.sessions.pop(session_id, None)
-        self._free_slots.append(session.slot.index)
+        await self._release_slot(session.slot)
         self.metrics.inc("sessions_ended_total", "sessions ended, by reason", reason=reason)
         return killed
+
+    async def _release_slot(self, slot: Slot) -> None:
+        """Hand the slot out again only when no process of its uids is left (root mode)."""
+        if self.isolation.is_root and not await asyncio.to_thread(self._slot_is_empty, slot):
+            log.error("slot %d: processes of uid %d/%d survive; slot kept out of use", slot.index,
+                      slot.agent_uid, slot.judge_uid)  # fmt: skip
+            self._quarantined.add(slot.index)
+            return
+        self._free_slots.append(slot.index)
+
+    def _slot_is_empty(self, slot: Slot) -> bool:
+        for _ in range(50):  # SIGKILLed processes take a moment to be reaped
+            for uid in (slot.agent_uid, slot.judge_uid):
+                kill_uid_processes(uid)
+            if not pids_of_uid(slot.agent_uid) and not pids_of_uid(slot.judge_uid):
+                return True
+            time.sleep(0.1)
+        return False
 
     async def reap_expired(self) -> None:
         now = time.time()
@@ -227,29 +272,61 @@ class SessionManager:
             if session.expires_at < now and not session.closing and not session.judge_busy.locked():
                 log.info("session %s idle past its %s s TTL: deleting", sid, session.ttl_s)
                 await self.delete(sid, reason="expired")
+        for index in list(self._quarantined):
+            self._quarantined.discard(index)
+            await self._release_slot(self.isolation.slot(index))
 
     async def enforce_quota(self, session: Session) -> str:
-        """Without a tmpfs the quota is checked after the fact: over it, the session's processes die."""
+        """Without a tmpfs the quota (bytes and inodes of workspace, tmp and shm) is checked after the
+        fact: over it, or when the check itself fails, the session's processes die."""
         if session.tmpfs:
-            return ""
-        used = await asyncio.to_thread(session.fs.usage_bytes)
-        limit = self.config.workspace_quota_mib << 20
-        if used <= limit:
-            return ""
+            return ""  # the kernel enforces both limits
+        limit, max_inodes = self.config.workspace_quota_mib << 20, self.config.workspace_max_inodes
+        try:
+            usage = await asyncio.to_thread(disk_usage, session.scratch_dirs, max_inodes)
+        except Exception as exc:  # fail closed for this session only
+            log.exception("quota check of session %s failed", session.session_id)
+            problem = f"the workspace quota check failed ({type(exc).__name__}: {exc})"
+        else:
+            if usage.inodes > max_inodes:
+                problem = f"workspace inode limit exceeded: over {max_inodes} files and directories"
+            elif usage.bytes > limit:
+                problem = f"workspace quota exceeded: {usage.bytes >> 20} MiB used, limit {limit >> 20} MiB"
+            elif not usage.complete:
+                problem = (
+                    "workspace quota exceeded: a directory could not be measured (unreadable, or "
+                    "branching deeper than the checker follows)"
+                )
+            else:
+                return ""
         for job in session.jobs.values():
             job.kill()
         if self.isolation.is_root:
             await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid)
         self.metrics.inc("workspace_quota_exceeded_total", "times a workspace outgrew its quota")
         return (
-            f"workspace quota exceeded: {used >> 20} MiB used, limit {limit >> 20} MiB; the session's "
-            "processes were killed, delete files to continue"
+            f"{problem} (tmp/ and shm/ included); the session's processes were killed, delete files "
+            "to continue"
         )
 
     async def watch_quotas(self) -> None:
-        for session in list(self.sessions.values()):
-            if not session.closing and any(j.status == "running" for j in session.jobs.values()):
-                await self.enforce_quota(session)
+        """One bounded pass over the sessions that may be growing, a few per pass in turn; one session's
+        failure is its own (enforce_quota never raises for it)."""
+        recent = time.time() - self.config.bash_max_timeout_s - 10  # a foreground command may still run
+        growing = [
+            s
+            for s in self.sessions.values()
+            if not s.closing
+            and not s.tmpfs
+            and (s.last_activity > recent or any(j.status == "running" for j in s.jobs.values()))
+        ]
+        if not growing:
+            return
+        start = self._quota_turn % len(growing)
+        turn = (growing[start:] + growing[:start])[:QUOTA_CHECKS_PER_PASS]
+        self._quota_turn = start + len(turn)
+        for session in turn:
+            await self.enforce_quota(session)
 
     async def close_all(self) -> None:
         for sid in list(self.sessions):
@@ -265,16 +342,27 @@ class SessionManager:
             return JudgeRun(stage=stage, error=error, text=f"{stage}: {error}")
         async with session.judge_busy:
             session.judge_runs += 1
-            run = await self.judge.run(
-                stage=stage,
-                task_source=session.task_source,
-                candidate=Candidate(workspace=session.workspace),
-                device=session.device,
-                gpu=session.gpu,
-                options=session.judge_options,
-                slot=session.slot,
-                cache_dir=session.directory / "judge-cache",
+            # A task of its own, so that deleting the session can stop it (delete cancels it).
+            session.judge_task = asyncio.create_task(
+                self.judge.run(
+                    stage=stage,
+                    task_source=session.task_source,
+                    candidate=Candidate(workspace=session.workspace),
+                    device=session.device,
+                    gpu=session.gpu,
+                    options=session.judge_options,
+                    slot=session.slot,
+                    cache_dir=session.directory / "judge-cache",
+                )
             )
+            try:
+                run = await session.judge_task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not session.closing or (current is not None and current.cancelling()):
+                    raise
+                error = "the session was deleted during the judge run; the judge was stopped"
+                return JudgeRun(stage=stage, error=error, text=f"{stage}: {error}")
         session.touch()
         return run
 
@@ -291,7 +379,13 @@ class SessionManager:
         try:
             line = await asyncio.wait_for(reader.readline(), 10)
             try:
-                stage = SessionJudgeRequest.model_validate(json.loads(line)).stage
+                request = json.loads(line)
+                # The socket is reachable by path (Landlock does not cover connect); the token, readable
+                # only from the session's own bin/, says the request comes from this session.
+                token = request.pop("token", "") if isinstance(request, dict) else ""
+                if not hmac.compare_digest(str(token), session.judge_token):
+                    raise ValueError("this session's judge token is missing or wrong")
+                stage = SessionJudgeRequest.model_validate(request).stage
             except (ValueError, ValidationError) as exc:
                 writer.write(
                     json.dumps({"text": f"bad judge request: {exc}", "result": None}).encode() + b"\n"
@@ -345,38 +439,43 @@ class SessionManager:
         return load.index(min(load))
 
     def _make_dirs(self, directory: Path, slot: Slot) -> bool:
-        """Create the session's directories; returns whether the workspace is a size-limited tmpfs."""
+        """Create the session's directories; returns whether workspace, tmp and shm share one tmpfs whose
+        size and inode limits the kernel enforces (root mode with private mounts)."""
         root = self.isolation.is_root
         agent = (slot.agent_uid, slot.agent_gid)
         directory.mkdir(mode=0o711)
-        workspace = directory / "workspace"
-        workspace.mkdir(mode=0o700)
+        scratch = directory / "scratch"
         tmpfs = False
         if root and self.isolation.private_mounts:
-            opts = f"size={self.config.workspace_quota_mib}m,mode=0700,uid={agent[0]},gid={agent[1]}"
+            scratch.mkdir(mode=0o700)
+            quota, inodes = self.config.workspace_quota_mib, self.config.workspace_max_inodes
+            opts = f"size={quota}m,nr_inodes={inodes},mode=0700"
             tmpfs = (
-                self._libc.mount(
-                    b"tmpfs", str(workspace).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()
-                )
-                == 0
+                self._libc.mount(b"tmpfs", bytes(scratch), b"tmpfs", MS_NOSUID | MS_NODEV, opts.encode()) == 0
             )
+        for name in SCRATCH_DIRS:
+            place = directory / name
+            place.mkdir(mode=0o700)
+            if tmpfs:
+                (scratch / name).mkdir(mode=0o700)
+                if self._libc.mount(bytes(scratch / name), bytes(place), None, MS_BIND, None) != 0:
+                    raise OSError(ctypes.get_errno(), f"bind mount of {place}")
+            if root:
+                os.chown(place, *agent)
         for name, mode, owner in (
-            ("bin", 0o755, None),
+            ("bin", 0o750, (os.getuid(), slot.agent_gid)),
             ("run", 0o750, (os.getuid(), slot.agent_gid)),
-            ("tmp", 0o700, agent),
             ("judge-cache", 0o700, (slot.judge_uid, slot.judge_gid)),
         ):
             (directory / name).mkdir(mode=mode)
-            if root and owner is not None:
+            if root:
                 os.chown(directory / name, *owner)
-        if root:
-            os.chown(workspace, *agent)
         return tmpfs
 
     def _remove_dirs(self, directory: Path) -> None:
-        workspace = directory / "workspace"
-        if os.path.ismount(workspace):
-            self._libc.umount2(str(workspace).encode(), MNT_DETACH)
+        for name in (*SCRATCH_DIRS, "scratch"):
+            if os.path.ismount(directory / name):
+                self._libc.umount2(bytes(directory / name), MNT_DETACH)
         shutil.rmtree(directory, ignore_errors=True)
 
     def _seed(self, session: Session) -> None:
@@ -409,8 +508,11 @@ class SessionManager:
         script = script.replace(
             'DEFAULT_SOCKET = ""', f"DEFAULT_SOCKET = {str(session.directory / 'run' / 'judge.sock')!r}", 1
         )
+        script = script.replace('TOKEN = ""', f"TOKEN = {session.judge_token!r}", 1)
         bin_dir = session.directory / "bin"
         (bin_dir / "judge-client").write_text(script)
-        os.chmod(bin_dir / "judge-client", 0o755)
+        os.chmod(bin_dir / "judge-client", 0o750 if self.isolation.is_root else 0o700)
+        if self.isolation.is_root:
+            os.chown(bin_dir / "judge-client", os.getuid(), session.slot.agent_gid)
         for stage in ("compile", "verify", "profile"):
             os.symlink("judge-client", bin_dir / stage)

@@ -200,14 +200,74 @@ class WorkspaceFS:
                     sub = posixpath.normpath(posixpath.join(dirpath, fname))
                     yield FileEntry(sub if start == "." else f"{start}/{sub}", st.st_size, st.st_mtime)
 
-    def usage_bytes(self) -> int:
-        total = 0
-        with self._dir(".") as top:
-            for _, _, filenames, dirfd in os.fwalk(".", dir_fd=top):
-                for fname in filenames:
-                    with contextlib.suppress(FileNotFoundError):
-                        total += os.stat(fname, dir_fd=dirfd, follow_symlinks=False).st_blocks * 512
-        return total
+
+@dataclass(frozen=True)
+class Usage:
+    """What a session's scratch directories hold. `complete` is False when the walk stopped early: at
+    `max_inodes` entries (so at least that many exist), at `MAX_OPEN_DIRS` branching levels, or at a
+    directory it could not open (chmod 000): either way what the tree holds is not known to be allowed."""
+
+    bytes: int
+    inodes: int
+    complete: bool
+
+
+# Directories kept open at once while walking; a chain of single subdirectories needs one, only a tree
+# that branches at every level needs one per level.
+MAX_OPEN_DIRS = 256
+_GONE = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)  # removed, or replaced by a symlink: not followed
+
+
+def disk_usage(roots: list[Path], max_inodes: int) -> Usage:
+    """Bytes and entries under `roots`, never following a symlink, stopping after `max_inodes` entries.
+
+    The agent controls these trees, so the walk is iterative (a 1,100-level directory made the recursive
+    os.fwalk raise RecursionError), its work is bounded by the inode limit, and it keeps a directory open
+    only while it still has unvisited subdirectories.
+    """
+    total = inodes = 0
+    for root in roots:
+        try:
+            top = os.open(root, _DIR_FLAGS)
+        except OSError:
+            continue  # not created (yet), or gone with its session
+        stack: list[tuple[int, list[str]]] = []
+        fd: int | None = top
+        try:
+            while fd is not None or stack:
+                if fd is not None:
+                    subdirs: list[str] = []
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            inodes += 1
+                            if inodes > max_inodes:
+                                return Usage(total, inodes, complete=False)
+                            with contextlib.suppress(OSError):  # vanished meanwhile
+                                total += entry.stat(follow_symlinks=False).st_blocks * 512
+                                if entry.is_dir(follow_symlinks=False):
+                                    subdirs.append(entry.name)
+                    stack.append((fd, subdirs))
+                    fd = None
+                    if len(stack) > MAX_OPEN_DIRS:
+                        return Usage(total, inodes, complete=False)
+                parent, pending = stack[-1]
+                if not pending:
+                    os.close(stack.pop()[0])
+                    continue
+                name = pending.pop()
+                try:
+                    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                except OSError as exc:
+                    if exc.errno not in _GONE:  # unreadable (chmod 000): what it holds cannot be counted
+                        return Usage(total, inodes, complete=False)
+                if not pending:  # its last subdirectory: the parent is no longer needed
+                    os.close(stack.pop()[0])
+        finally:
+            if fd is not None:
+                os.close(fd)
+            for open_fd, _ in stack:
+                os.close(open_fd)
+    return Usage(total, inodes, complete=True)
 
 
 def _tool_error(exc: OSError, where: str) -> ToolError:
