@@ -8,7 +8,8 @@ import pytest
 
 from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
 from cuda_agent.operator.conditions import Condition
-from cuda_agent.operator.run_reconciler import RunState, decide_conditions, driver_state
+from cuda_agent.operator.executor import driver_state
+from cuda_agent.operator.run_reconciler import RunState, decide_conditions
 from cuda_agent.operator.views import PodView
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +50,23 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     )
     parser.add_argument("--otel-endpoint", help="OTLP endpoint given to trainer pods")
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument(
+        "--executor",
+        choices=("cluster", "local"),
+        default="cluster",
+        help="run trainers in pods (cluster) or as local processes (local: the embedded default)",
+    )
+    parser.add_argument("--run-dir", type=Path, help="local executor: run files, logs, sandbox state")
+    parser.add_argument(
+        "--trainer-command", help="local executor: trainer command line, {run_yaml} = the run file"
+    )
+    parser.add_argument(
+        "--sandbox-command", help="local executor: sandbox server command line, {config} = its config"
+    )
+    parser.add_argument("--pvc-root", type=Path, help="local executor: directory holding pvc://CLAIM/...")
+    parser.add_argument(
+        "--restart-backoff", type=float, help="local executor: first restart delay of a crashed process, s"
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(list(argv))
     values = {
@@ -61,6 +79,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         "status_endpoint_map": args.status_endpoint_map,
         "otel_endpoint": args.otel_endpoint,
         "liveness_endpoint": args.liveness_endpoint,
+        "executor": args.executor,
     }
     annotations = []
     for item in args.trainer_pod_annotation:
@@ -71,9 +90,19 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     values["trainer_pod_annotations"] = tuple(annotations)
     if args.probe_network:
         values["probe_networks"] = tuple(args.probe_network)
-    for option in ("trainer_image", "artifacts_secret", "artifacts_bucket"):
-        if getattr(args, option):
+    for option in (
+        "trainer_image",
+        "artifacts_secret",
+        "artifacts_bucket",
+        "run_dir",
+        "restart_backoff",
+        "pvc_root",
+    ):
+        if getattr(args, option) is not None:
             values[option] = getattr(args, option)
+    for option in ("trainer_command", "sandbox_command"):
+        if getattr(args, option):
+            values[option] = tuple(shlex.split(getattr(args, option)))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Seconds = Annotated[float, Field(ge=0)]
+DEFAULT_TRAINER_COMMAND = (sys.executable, "-m", "cuda_agent.cli", "train", "-f", "{run_yaml}")
+DEFAULT_SANDBOX_COMMAND = (sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", "--config", "{config}")
 
 
 class OperatorConfig(BaseModel):
@@ -61,6 +64,33 @@ class OperatorConfig(BaseModel):
     )
     otel_endpoint: str | None = Field(
         default=None, description="OTLP endpoint passed to trainer pods (OTEL_EXPORTER_OTLP_ENDPOINT)."
+    )
+    executor: Literal["cluster", "local"] = Field(
+        default="cluster",
+        description="Where a TrainingRun's trainer runs: pods on a Ray cluster, or processes on this "
+        "machine (the embedded default, whose kwok nodes cannot run pods).",
+    )
+    run_dir: Path = Field(
+        default=Path.home() / ".cache" / "cuda-agent" / "runs",
+        description="Local executor: run.yaml, logs and sandbox state under <run_dir>/<namespace>/<run>/.",
+    )
+    trainer_command: tuple[str, ...] = Field(
+        default=DEFAULT_TRAINER_COMMAND,
+        min_length=1,
+        description="Local executor: the trainer's argv; {run_yaml} is replaced by the run file's path.",
+    )
+    sandbox_command: tuple[str, ...] = Field(
+        default=DEFAULT_SANDBOX_COMMAND,
+        min_length=1,
+        description="Local executor: the sandbox server's argv; {config} is replaced by its config file.",
+    )
+    pvc_root: Path | None = Field(
+        default=None,
+        description="Local executor: where pvc://CLAIM/path lives on this machine (DIR/CLAIM/path), as a "
+        "pod would mount the claim; passed to the trainer as CUDA_AGENT_PVC_ROOT.",
+    )
+    restart_backoff: Seconds = Field(
+        default=2.0, description="Local executor: first wait before restarting a crashed process (doubles)."
     )
     liveness_endpoint: str | None = Field(
         default=None, description="Kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz."

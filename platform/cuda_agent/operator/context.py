@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from cuda_agent.operator.autoscaler import History
 from cuda_agent.operator.config import OperatorConfig
@@ -12,6 +12,9 @@ from cuda_agent.operator.demand import ProbeSettings
 from cuda_agent.operator.kube import Kube, Manifest
 from cuda_agent.operator.views import ChildView, PodView
 from cuda_agent.operator.workqueue import Key, WorkQueue
+
+if TYPE_CHECKING:  # the executors import this module
+    from cuda_agent.operator.executor import RunExecutor
 
 V = TypeVar("V", covariant=True)
 
@@ -36,6 +39,7 @@ class OperatorContext:
     owners: IndexLike[Manifest]  # (kind, namespace, name) -> the SandboxPool / TrainingRun body
     pods: IndexLike[PodView]  # (owner kind, namespace, owner name) -> its pods
     children: IndexLike[ChildView]  # (owner kind, namespace, owner name) -> its other children
+    executor: RunExecutor  # where a TrainingRun's trainer runs: pods, or local processes
     histories: dict[Key, History] = field(default_factory=dict)
     # (kind, namespace, name) -> spec hash this process applied last (the watch may lag behind a write)
     applied: dict[tuple[str, str, str], str] = field(default_factory=dict)

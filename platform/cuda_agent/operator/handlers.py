@@ -19,8 +19,11 @@ from typing import Any, cast
 import kopf
 
 from cuda_agent.operator import labels as lb
+from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.operator.context import OperatorContext
+from cuda_agent.operator.executor import ClusterExecutor, RunExecutor
 from cuda_agent.operator.kube import Kube, Manifest
+from cuda_agent.operator.local_executor import LocalExecutor
 from cuda_agent.operator.pool_reconciler import reconcile_pool
 from cuda_agent.operator.run_reconciler import reconcile_run
 from cuda_agent.operator.views import ChildView, PodView
@@ -149,6 +152,7 @@ async def start_workers(memo: kopf.Memo, **kwargs: Any) -> None:
         owners=kwargs["owners"],
         pods=kwargs["pods"],
         children=kwargs["children"],
+        executor=_executor(config),
     )
     memo.workers = [
         asyncio.create_task(memo.queue.work(_dispatcher(memo.context)), name=f"reconcile-worker-{i}")
@@ -164,7 +168,14 @@ async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
         memo.queue.cancel_timers()
     if "context" in memo:
         log.info("API writes by this operator: %s", json.dumps(dict(memo.context.kube.writes)))
+        await memo.context.executor.close()
         await memo.context.kube.close()
+
+
+def _executor(config: OperatorConfig) -> RunExecutor:
+    if config.executor == "local":
+        return LocalExecutor(config)
+    return ClusterExecutor()
 
 
 def _dispatcher(context: OperatorContext) -> Callable[[Key], Any]:

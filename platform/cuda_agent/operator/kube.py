@@ -171,6 +171,25 @@ class Kube:
             is not None
         )
 
+    async def service_account_token(self, namespace: str, account: str, seconds: int) -> str:
+        """A bound token of a ServiceAccount (TokenRequest): what the kubelet mounts into a pod."""
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds},
+        }
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"
+        answer = await self._request("POST", path, body=body, counted="create TokenRequest")
+        token = ((answer or {}).get("status") or {}).get("token")
+        if not token:
+            raise KubeError(404, "POST", path, f"ServiceAccount {namespace}/{account} not found")
+        return str(token)
+
+    def server(self) -> tuple[str, str | None]:
+        """(apiserver URL, CA bundle file or None) this client talks to."""
+        configuration = self._api.configuration
+        return str(configuration.host), configuration.ssl_ca_cert
+
     async def serves(self, api_version: str, plural: str) -> bool:
         """Whether the apiserver serves a resource type (a CRD such as ray.io/v1 rayclusters)."""
         listing = await self._request("GET", f"/apis/{api_version}")

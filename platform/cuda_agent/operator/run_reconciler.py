@@ -2,16 +2,16 @@
 
 Suspension is Kueue-compatible: `spec.suspend: true` (from a person or from Kueue) first asks the
 trainer for a checkpoint (condition Suspended=False, reason Checkpointing: the trainer watches its own
-run, writes one and reports it in `status.lastCheckpoint`), then deletes the Ray cluster and the
-driver; `false` recreates them with `CUDA_AGENT_RESUME_FROM` set to the last checkpoint. A run created
-suspended never creates a pod. The trainer owns `step`, `metrics` and
-`lastCheckpoint`; the operator owns `phase`, `conditions` and `observedGeneration`.
+run, writes one and reports it in `status.lastCheckpoint`), then stops the compute (the Ray cluster and
+driver pods, or the local processes: see executor.py); `false` starts it again with
+`CUDA_AGENT_RESUME_FROM` set to the last checkpoint. A run created suspended never starts anything.
+The trainer owns `step`, `metrics` and `lastCheckpoint`; the operator owns `phase`, `conditions` and
+`observedGeneration`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -27,20 +27,14 @@ from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.kube import KubeError, Manifest, Ref
 from cuda_agent.operator.run_children import (
     RunContext,
-    driver_pod,
-    ray_cluster,
-    ray_head_service,
-    ray_pods,
     role,
     role_binding,
     run_config,
     service_account,
 )
-from cuda_agent.operator.views import ChildView, PodView
 
 log = logging.getLogger(__name__)
 CHECKPOINT_BEFORE = "cuda-agent.io/suspend-checkpoint-before"
-DRIVER_MAX_RESTARTS = 3
 CHECKPOINT_POLL_SECONDS = 2.0
 TERMINAL = (RunCondition.SUCCEEDED, RunCondition.FAILED)
 
@@ -118,45 +112,6 @@ def decide_conditions(state: RunState) -> tuple[RunPhase, list[Condition]]:
     return phase, conditions
 
 
-def driver_state(driver: PodView | None) -> tuple[str, str]:
-    """(state, message) of the trainer driver pod."""
-    if driver is None:
-        return "absent", "driver pod not created yet"
-    if driver.phase == "Succeeded":
-        return "complete", "trainer finished"
-    if driver.phase == "Failed":
-        return "failed", f"driver pod failed: {driver.last_exit or 'no reason given'}"
-    if driver.restarts >= DRIVER_MAX_RESTARTS:
-        return "failed", f"trainer exited with an error {driver.restarts} times; last: {driver.last_exit}"
-    if driver.phase == "Running" and not driver.terminating:
-        return "active", "trainer running"
-    return "pending", driver.unschedulable or "driver pod starting"
-
-
-def ray_state(
-    kuberay: bool, cluster: ChildView | None, pods: Sequence[PodView], expected: int
-) -> tuple[bool, str]:
-    """Whether the Ray cluster is up: KubeRay's verdict, or all of the run's own head/worker pods Ready."""
-    if kuberay:
-        if cluster is None:
-            return False, "RayCluster not created yet"
-        state = str(cluster.status.get("state") or "")
-        provisioned = any(
-            c.get("type") == "RayClusterProvisioned" and c.get("status") == "True"
-            for c in cluster.status.get("conditions") or ()
-        )
-        return (state == "ready" or provisioned), f"RayCluster state {state or 'unknown'}"
-    ray = [
-        p
-        for p in pods
-        if dict(p.labels).get(lb.COMPONENT) in (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER)
-    ]
-    ready = sum(1 for p in ray if p.ready and not p.terminating)
-    stuck = next((p.unschedulable for p in ray if p.unschedulable), None)
-    message = f"{ready}/{expected} Ray pods ready" + (f"; {stuck}" if stuck else "")
-    return ready >= expected and expected > 0, message
-
-
 async def check_references(
     context: OperatorContext, namespace: str, spec: TrainingRunSpec
 ) -> Condition | None:
@@ -195,45 +150,13 @@ async def check_references(
     return None
 
 
-def compute_children(
-    children: Mapping[tuple[str, str], ChildView], pods: Sequence[PodView], keep_driver: bool
-) -> list[Ref]:
-    """The run's GPU-holding children (Ray cluster, driver): what suspension and the end remove.
-    A finished driver pod stays (its logs); KubeRay's own pods go with their RayCluster."""
-    found = [Ref(kind, "", name) for kind, name in children if kind == "RayCluster"]
-    found += [
-        Ref(kind, "", name) for kind, name in children if kind == "Service" and name.endswith("-ray-head")
-    ]
-    own = (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER) + (() if keep_driver else (lb.COMPONENT_DRIVER,))
-    found += [
-        Ref("Pod", "", p.name)
-        for p in pods
-        if p.component in own and not dict(p.labels).get("ray.io/cluster") and not p.terminating
-    ]
-    return found
-
-
-async def _delete_compute(context: OperatorContext, namespace: str, refs: Sequence[Ref]) -> None:
-    for ref in refs:
-        await context.kube.delete(Ref(ref.kind, namespace, ref.name))
-
-
-async def _kuberay_installed(context: OperatorContext, children: Mapping[tuple[str, str], ChildView]) -> bool:
-    """A run keeps the mode it started in; a new Ray cluster is a RayCluster when the CRD is served."""
-    if any(kind == "RayCluster" for kind, _ in children):
-        return True
-    if any(kind == "Service" and name.endswith("-ray-head") for kind, name in children):
-        return False
-    return await context.kube.serves("ray.io/v1", "rayclusters")
-
-
 async def _suspend_step(
-    context: OperatorContext, body: Manifest, compute: Sequence[Ref], driver: str, now: datetime
+    context: OperatorContext, body: Manifest, compute_exists: bool, driver: str, now: datetime
 ) -> tuple[str, str, bool]:
     """(suspend state, message, delete compute now) for a run with spec.suspend true."""
     annotations = body["metadata"].get("annotations") or {}
     last = (body.get("status") or {}).get("lastCheckpoint") or ""
-    if not compute:
+    if not compute_exists:
         return "suspended", f"scaled to zero; resumes from {last or 'the start'}", False
     requested = parse_rfc3339(annotations.get(lb.SUSPEND_REQUESTED_AT))
     before = annotations.get(CHECKPOINT_BEFORE, "")
@@ -259,13 +182,13 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     body = context.owner(key)
     if body is None:
         context.forget(key)
+        context.executor.forget(namespace, name)  # pods go by owner reference; local processes stop
         return None
     ref = Ref(lb.RUN_KIND, namespace, name)
     previous = body.get("status") or {}
     generation = int(body["metadata"].get("generation", 0))
     now = datetime.now(UTC)
     children = context.children_of(key)
-    pods = context.pods_of(key)
     terminal = any(is_true(previous.get("conditions"), kind) for kind in TERMINAL)
 
     # 1. Validate what admission cannot: the spec against this operator's models, the pool, the Secret.
@@ -293,38 +216,34 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     )
 
     # 3. Decide whether compute should exist: not after the end, not while suspended.
-    kuberay = await _kuberay_installed(context, children)
-    driver_view = next((p for p in pods if p.name == lb.driver_name(name) and not p.terminating), None)
-    driver, driver_message = driver_state(driver_view)
-    # A driver that exited stays for its logs; one still crash-looping goes with the rest.
-    finished = driver_view is not None and driver_view.phase in ("Succeeded", "Failed")
-    compute = compute_children(children, pods, keep_driver=finished)
+    executor = context.executor
+    compute = await executor.observe(context, run, spec)
+    driver = compute.driver
     if terminal and driver == "absent":
         driver = "complete" if is_true(previous.get("conditions"), RunCondition.SUCCEEDED) else "failed"
     suspend, suspend_message, delete_now = None, "", False
     if spec.suspend:
-        suspend, suspend_message, delete_now = await _suspend_step(context, body, compute, driver, now)
+        suspend, suspend_message, delete_now = await _suspend_step(context, body, compute.exists, driver, now)
     elif (body["metadata"].get("annotations") or {}).get(lb.SUSPEND_REQUESTED_AT):
         cleared = {"metadata": {"annotations": {lb.SUSPEND_REQUESTED_AT: None, CHECKPOINT_BEFORE: None}}}
         await context.kube.merge_patch(ref, cleared)
 
-    # 4. Delete compute that must go (suspension, completion), or create what is missing.
+    # 4. Remove compute that must go (suspension, completion), or create what is missing.
     if delete_now or driver in ("complete", "failed"):
-        await _delete_compute(context, namespace, compute)
+        await executor.remove(context, run)
     elif not spec.suspend:
-        errors += await _ensure_compute(context, run, spec, kuberay, children, pods)
+        errors += await executor.ensure(context, run, spec)
 
-    # 5. One status write.
-    expected = len(ray_pods(run, spec))
-    ready, ray_message = ray_state(kuberay, children.get(("RayCluster", name)), pods, expected)
+    # 5. One status write, from what runs now.
+    compute = await executor.observe(context, run, spec)
     blocked = (
         Condition(RunCondition.PROVISIONING, False, "ApplyFailed", "; ".join(errors)[:2000])
         if errors
         else None
     )
     state = RunState(
-        blocked, suspend, suspend_message, ready, ray_message, driver, driver_message, previous.get("step"),
-        spec.algorithm.steps,
+        blocked, suspend, suspend_message, compute.ready, compute.ready_message, driver,
+        compute.driver_message, previous.get("step"), spec.algorithm.steps,
     )  # fmt: skip
     await _write_status(context, body, ref, state, generation, now)
     if errors:
@@ -332,28 +251,6 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     if suspend == "checkpointing":
         return CHECKPOINT_POLL_SECONDS
     return None if driver in ("complete", "failed") else context.config.sync_period
-
-
-async def _ensure_compute(
-    context: OperatorContext,
-    run: RunContext,
-    spec: TrainingRunSpec,
-    kuberay: bool,
-    children: Mapping[tuple[str, str], ChildView],
-    pods: Sequence[PodView],
-) -> list[str]:
-    """The Ray cluster, then (once it is up) the driver. Pods are created, never updated (their specs
-    are immutable); a running trainer picks up spec changes on resume."""
-    if kuberay:
-        _, errors = await apply_changed(context, [ray_cluster(run, spec)], children)
-    else:
-        existing = {p.name for p in pods if not p.terminating}
-        missing = [pod for pod in ray_pods(run, spec) if pod["metadata"]["name"] not in existing]
-        _, errors = await apply_changed(context, [ray_head_service(run), *missing], children)
-    ready, _ = ray_state(kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec)))
-    if ready and not any(p.name == lb.driver_name(run.name) and not p.terminating for p in pods):
-        errors += (await apply_changed(context, [driver_pod(run, spec, kuberay)], children))[1]
-    return errors
 
 
 def _run_context(context: OperatorContext, body: Manifest, spec: TrainingRunSpec) -> RunContext:

@@ -1,0 +1,185 @@
+"""Where a TrainingRun's training runs: the seam below the run reconciler.
+
+The reconcile pass (run_reconciler) is the same in every mode: validate, write the trainer's identity and
+run file, decide suspension, then ask its executor what runs now (`observe`), to create what is missing
+(`ensure`) or to stop it (`remove`), and write one status. The cluster executor runs the trainer in pods
+on a Ray cluster (KubeRay's or the run's own pods); the local executor (local_executor.py) runs the
+trainer and a sandbox server as processes on this machine, for the embedded default where kwok's nodes
+cannot run pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.operator import labels as lb
+from cuda_agent.operator.apply import apply_changed
+from cuda_agent.operator.kube import Ref
+from cuda_agent.operator.run_children import (
+    RunContext,
+    driver_pod,
+    ray_cluster,
+    ray_head_service,
+    ray_pods,
+)
+from cuda_agent.operator.views import ChildView, PodView
+
+if TYPE_CHECKING:
+    from cuda_agent.operator.context import OperatorContext
+
+DriverState = Literal["absent", "pending", "active", "complete", "failed"]
+DRIVER_MAX_RESTARTS = 3  # a trainer that crashed this often fails the run
+
+
+@dataclass(frozen=True)
+class Compute:
+    """What runs a run's training now, as a reconcile pass sees it."""
+
+    exists: bool  # something holds resources: what suspension and the end remove
+    ready: bool  # the trainer's platform is up (Ray cluster; locally the sandbox server)
+    ready_message: str
+    driver: DriverState  # the trainer process
+    driver_message: str
+
+
+class RunExecutor(Protocol):
+    """The operations a reconcile pass asks of an executor; every call is idempotent (level-based)."""
+
+    async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute: ...
+
+    async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
+        """Create what is missing (platform first, then the trainer); returns errors as text."""
+        ...
+
+    async def remove(self, context: OperatorContext, run: RunContext) -> None:
+        """Stop everything that holds resources; a finished trainer's record (and logs) stay."""
+        ...
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The run was deleted: stop whatever is left of it."""
+        ...
+
+    async def close(self) -> None:
+        """The operator stops."""
+        ...
+
+
+def driver_state(driver: PodView | None) -> tuple[DriverState, str]:
+    """(state, message) of the trainer driver pod."""
+    if driver is None:
+        return "absent", "driver pod not created yet"
+    if driver.phase == "Succeeded":
+        return "complete", "trainer finished"
+    if driver.phase == "Failed":
+        return "failed", f"driver pod failed: {driver.last_exit or 'no reason given'}"
+    if driver.restarts >= DRIVER_MAX_RESTARTS:
+        return "failed", f"trainer exited with an error {driver.restarts} times; last: {driver.last_exit}"
+    if driver.phase == "Running" and not driver.terminating:
+        return "active", "trainer running"
+    return "pending", driver.unschedulable or "driver pod starting"
+
+
+def ray_state(
+    kuberay: bool, cluster: ChildView | None, pods: Sequence[PodView], expected: int
+) -> tuple[bool, str]:
+    """Whether the Ray cluster is up: KubeRay's verdict, or all of the run's own head/worker pods Ready."""
+    if kuberay:
+        if cluster is None:
+            return False, "RayCluster not created yet"
+        state = str(cluster.status.get("state") or "")
+        provisioned = any(
+            c.get("type") == "RayClusterProvisioned" and c.get("status") == "True"
+            for c in cluster.status.get("conditions") or ()
+        )
+        return (state == "ready" or provisioned), f"RayCluster state {state or 'unknown'}"
+    ray = [
+        p
+        for p in pods
+        if dict(p.labels).get(lb.COMPONENT) in (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER)
+    ]
+    ready = sum(1 for p in ray if p.ready and not p.terminating)
+    stuck = next((p.unschedulable for p in ray if p.unschedulable), None)
+    message = f"{ready}/{expected} Ray pods ready" + (f"; {stuck}" if stuck else "")
+    return ready >= expected and expected > 0, message
+
+
+def compute_children(
+    children: Mapping[tuple[str, str], ChildView], pods: Sequence[PodView], keep_driver: bool
+) -> list[Ref]:
+    """The run's GPU-holding children (Ray cluster, driver): what suspension and the end remove.
+    A finished driver pod stays (its logs); KubeRay's own pods go with their RayCluster."""
+    found = [Ref(kind, "", name) for kind, name in children if kind == "RayCluster"]
+    found += [
+        Ref(kind, "", name) for kind, name in children if kind == "Service" and name.endswith("-ray-head")
+    ]
+    own = (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER) + (() if keep_driver else (lb.COMPONENT_DRIVER,))
+    found += [
+        Ref("Pod", "", p.name)
+        for p in pods
+        if p.component in own and not dict(p.labels).get("ray.io/cluster") and not p.terminating
+    ]
+    return found
+
+
+class ClusterExecutor:
+    """The trainer in pods: a Ray cluster (KubeRay's RayCluster, or head/worker pods the run owns) and a
+    driver pod running `cuda-agent train`. Everything is read from the operator's watch indexes."""
+
+    async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute:
+        key = (lb.RUN_KIND, run.namespace, run.name)
+        children, pods = context.children_of(key), context.pods_of(key)
+        kuberay = await _kuberay_installed(context, children)
+        view = next((p for p in pods if p.name == lb.driver_name(run.name) and not p.terminating), None)
+        driver, driver_message = driver_state(view)
+        ready, ready_message = ray_state(
+            kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec))
+        )
+        exists = bool(compute_children(children, pods, keep_driver=_finished(view)))
+        return Compute(exists, ready, ready_message, driver, driver_message)
+
+    async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
+        """The Ray cluster, then (once it is up) the driver. Pods are created, never updated (their specs
+        are immutable); a running trainer picks up spec changes on resume."""
+        key = (lb.RUN_KIND, run.namespace, run.name)
+        children, pods = context.children_of(key), context.pods_of(key)
+        kuberay = await _kuberay_installed(context, children)
+        if kuberay:
+            _, errors = await apply_changed(context, [ray_cluster(run, spec)], children)
+        else:
+            existing = {p.name for p in pods if not p.terminating}
+            missing = [pod for pod in ray_pods(run, spec) if pod["metadata"]["name"] not in existing]
+            _, errors = await apply_changed(context, [ray_head_service(run), *missing], children)
+        ready, _ = ray_state(kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec)))
+        if ready and not any(p.name == lb.driver_name(run.name) and not p.terminating for p in pods):
+            errors += (await apply_changed(context, [driver_pod(run, spec, kuberay)], children))[1]
+        return errors
+
+    async def remove(self, context: OperatorContext, run: RunContext) -> None:
+        key = (lb.RUN_KIND, run.namespace, run.name)
+        pods = context.pods_of(key)
+        view = next((p for p in pods if p.name == lb.driver_name(run.name) and not p.terminating), None)
+        for ref in compute_children(context.children_of(key), pods, keep_driver=_finished(view)):
+            await context.kube.delete(Ref(ref.kind, run.namespace, ref.name))
+
+    def forget(self, namespace: str, name: str) -> None:
+        return None  # owner references let the garbage collector delete the pods
+
+    async def close(self) -> None:
+        return None  # pods outlive the operator
+
+
+def _finished(driver: PodView | None) -> bool:
+    # A driver that exited stays for its logs; one still crash-looping goes with the rest.
+    return driver is not None and driver.phase in ("Succeeded", "Failed")
+
+
+async def _kuberay_installed(context: OperatorContext, children: Mapping[tuple[str, str], ChildView]) -> bool:
+    """A run keeps the mode it started in; a new Ray cluster is a RayCluster when the CRD is served."""
+    if any(kind == "RayCluster" for kind, _ in children):
+        return True
+    if any(kind == "Service" and name.endswith("-ray-head") for kind, name in children):
+        return False
+    return await context.kube.serves("ray.io/v1", "rayclusters")

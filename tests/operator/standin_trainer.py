@@ -1,0 +1,61 @@
+"""A stand-in for `cuda-agent train -f run.yaml`, used by test_local_executor.py until the real trainer
+lands (and afterwards to keep that test cheap): it takes what the operator's local executor gives a
+trainer (the run file, the TrainerEnv environment, KUBECONFIG with the trainer ServiceAccount's token,
+the artifacts Secret as environment) and reports progress the way the trainer does, by patching its
+TrainingRun's status through the API models. It trains nothing.
+
+Behaviour by run name (the operator starts every run with the same command): `crash-*` exits 3 at once;
+`finish-*` reports three steps and exits 0; anything else reports three steps and then waits to be stopped.
+It writes its pid to `standin.pid` next to run.yaml so the test can see the process end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+from kubernetes import client, config
+
+from cuda_agent.api.run_contract import TrainerEnv
+from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRunStatus
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-f", dest="run_file", type=Path, required=True)
+    args = parser.parse_args()
+    env = TrainerEnv.from_environ(os.environ)
+    run = yaml.safe_load(args.run_file.read_text())
+    (args.run_file.parent / "standin.pid").write_text(str(os.getpid()))
+    assert run["metadata"]["name"] == env.run_name and env.status_mode == "kubernetes"
+    assert os.environ.get("AWS_ACCESS_KEY_ID"), "the artifacts Secret is not in the environment"
+    if env.run_name.startswith("crash-"):
+        print("stand-in trainer: crashing on purpose", flush=True)
+        return 3
+    assert env.sandbox_url is not None
+    with urllib.request.urlopen(f"{env.sandbox_url}/v1/status", timeout=10) as answer:
+        assert answer.status == 200, "the local sandbox server does not answer"
+    config.load_kube_config()  # type: ignore[no-untyped-call]
+    api = client.CustomObjectsApi()
+    for step in (1, 2, 3):
+        status = TrainingRunStatus(
+            step=step, metrics=TrainingMetrics(mean_reward=-1.0 + step, pass_rate=step / 4)
+        ).model_dump(by_alias=True, exclude_none=True, exclude={"conditions"}, mode="json")
+        api.patch_namespaced_custom_object_status(
+            "cuda-agent.io", "v1alpha1", env.run_namespace, "trainingruns", env.run_name, {"status": status}
+        )
+        print(f"stand-in trainer: step {step}", flush=True)
+        time.sleep(0.3)
+    if env.run_name.startswith("finish-"):
+        return 0
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The local executor end to end: `cuda-agent operator --executor local` against the real control plane
+starts, per TrainingRun, a real sandbox server (`cuda-agent sandbox serve`, judging on this CPU) and a
+trainer process; the trainer's status writes move the run's phase and step; deletion stops the processes;
+a crashing trainer is restarted with backoff and then fails the run with its exit reason.
+
+The trainer here is a stand-in (tests/operator/standin_trainer.py, configured with --trainer-command): it
+gets exactly what the real `cuda-agent train` gets and writes status through the API like it, but trains
+nothing, which keeps this test to seconds. The demo (`cuda-agent demo`) runs the real trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
+from test_run_cluster import artifacts_secret
+
+STANDIN = Path(__file__).with_name("standin_trainer.py")
+
+
+def local_run(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "cuda-agent.io/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"base": "/models/tiny"},
+            "dataset": {"uri": "/data/tasks"},
+            "sandboxPoolRef": {"name": "pool"},
+            "algorithm": {"steps": 3},
+            "checkpoint": {"everySteps": 1, "prefix": "s3://checkpoints/local"},
+            "resources": {"trainerGpus": 1, "rolloutGpus": 0},
+        },
+    }
+
+
+def start_local_operator(factory: Callable[..., OperatorProcess], run_dir: Path) -> OperatorProcess:
+    return factory(
+        "--executor", "local", "--run-dir", str(run_dir), "--restart-backoff", "0.2",
+        "--trainer-command", f"{sys.executable} {STANDIN} -f {{run_yaml}}",
+    )  # fmt: skip
+
+
+def status(ns: Namespace, name: str) -> dict[str, Any]:
+    return dict((ns.get_or_none("trainingrun", name) or {}).get("status") or {})
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_local_run_reports_progress_and_stops_on_deletion(
+    namespace: Namespace, operator_factory: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    namespace.apply(pool_manifest("pool", 1))
+    namespace.apply(artifacts_secret())
+    start_local_operator(operator_factory, tmp_path / "runs")
+    namespace.apply(local_run("learn"))
+
+    wait_for(lambda: status(namespace, "learn").get("step") == 3, "step 3 written by the trainer")
+    wait_for(lambda: status(namespace, "learn").get("phase") == "Running", "phase Running", timeout=30)
+    run_dir = tmp_path / "runs" / namespace.name / "learn"
+    assert status(namespace, "learn")["metrics"] == {"meanReward": 2.0, "passRate": 0.75}
+    assert "stand-in trainer: step 3" in (run_dir / "trainer.log").read_text()
+    log = (run_dir / "sandbox.log").read_text().splitlines()
+    serving = json.loads(next(line for line in log if '"serving"' in line))
+    configmap = namespace.get("configmap", "learn-config")
+    assert (run_dir / "run.yaml").read_text() == configmap["data"]["run.yaml"]
+    pid, sandbox_pid = int((run_dir / "standin.pid").read_text()), int(serving["pid"])
+    assert alive(pid) and alive(sandbox_pid)
+    assert namespace.items("pods", "-l", "cuda-agent.io/training-run=learn") == []  # no pods in this mode
+
+    namespace.kubectl("delete", "trainingrun", "learn", "--wait=true")
+    wait_for(lambda: not alive(pid), "the trainer to stop after the run's deletion", timeout=60)
+    wait_for(lambda: not alive(sandbox_pid), "the sandbox server to stop", timeout=60)
+
+
+def test_crashing_trainer_fails_the_run_with_its_exit_reason_and_a_finished_one_succeeds(
+    namespace: Namespace, operator_factory: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    namespace.apply(pool_manifest("pool", 1))
+    namespace.apply(artifacts_secret())
+    start_local_operator(operator_factory, tmp_path / "runs")
+    namespace.apply(local_run("crash-run"))
+    namespace.apply(local_run("finish-run"))
+
+    wait_for(lambda: status(namespace, "crash-run").get("phase") == "Failed", "the crashing run to fail")
+    failed = namespace.condition("trainingrun/crash-run", "Failed")
+    assert failed is not None and failed["reason"] == "DriverFailed"
+    assert "3 times" in failed["message"] and "exit code 3" in failed["message"]
+    wait_for(lambda: status(namespace, "finish-run").get("phase") == "Succeeded", "the finished run")
+    assert status(namespace, "finish-run")["step"] == 3
