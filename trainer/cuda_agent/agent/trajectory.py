@@ -67,6 +67,17 @@ class Trajectory(BaseModel):
     turns: list[TurnRecord] = Field(default_factory=list)
     invalid_tool_calls: int = Field(default=0, ge=0)
     wall_s: float = Field(default=0.0, ge=0)
+    # Added by the agent loop (issue 14); all optional, so records written before still load.
+    invalid_tool_call_kinds: dict[str, int] = Field(
+        default_factory=dict, description="invalid_tool_calls by kind: malformed, truncated, unknown_tool..."
+    )
+    token_exact: bool = Field(
+        default=True,
+        description="False when the backend exchanged text (an HTTP endpoint without token ids): token_ids "
+        "are then a re-tokenization and logprobs may be 0.0; not fit for PPO.",
+    )
+    attempts: int = Field(default=1, ge=1, description="Episodes started for this record (sandbox retries).")
+    error: str | None = Field(default=None, description="Why the episode ended early, when it did.")
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:

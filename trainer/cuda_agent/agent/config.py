@@ -1,0 +1,31 @@
+"""Bounds and options of one agent episode (a TrainingRun's `spec.agent` maps onto these)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cuda_agent.sandbox.api import Device, JudgeOptions, JudgeStage, ToolName
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[ToolName] = Field(default_factory=lambda: list(ToolName), min_length=1)
+    max_turns: int = Field(
+        default=150, ge=1, description="generations per episode (CUDA Agent: 150, 200 eval)"
+    )
+    max_context_tokens: int = Field(default=131_072, ge=16)
+    wall_clock_s: float = Field(default=7200.0, gt=0, description="generation and tools; the judge is extra")
+    max_observation_chars: int = Field(
+        default=16_000, ge=200, description="longer tool output keeps its head and tail around a marker"
+    )
+    tool_timeout_s: float = Field(
+        default=660.0, gt=0, description="client-side bound on one tool call (bash's own limit is 600 s)"
+    )
+    judge_stage: JudgeStage = "profile"
+    judge_timeout_s: float = Field(default=1800.0, gt=0)
+    device: Device = "cpu"
+    judge: JudgeOptions = JudgeOptions()
+    max_attempts: int = Field(
+        default=2, ge=1, description="episodes started when the sandbox fails (a new session each time)"
+    )
