@@ -27,6 +27,7 @@ from cuda_agent.api.base import (
     section,
     storage_uri,
 )
+from cuda_agent.sandbox.api import ToolName
 
 
 class TrainingRunPhase(StrEnum):
@@ -51,16 +52,9 @@ class TrainingRunConditionType(StrEnum):
     FAILED = "Failed"
 
 
-class AgentTool(StrEnum):
-    """Tools the agent may call inside its sandbox session."""
-
-    BASH = "bash"
-    READ = "read"
-    WRITE = "write"
-    EDIT = "edit"
-    MULTI_EDIT = "multi_edit"
-    GLOB = "glob"
-    GREP = "grep"
+# The tool names are the sandbox contract's (cuda_agent.sandbox.api, pydantic only): one home for the list
+# the server routes, the client calls and a TrainingRun may offer.
+AgentTool = ToolName
 
 
 class RewardScheme(StrEnum):

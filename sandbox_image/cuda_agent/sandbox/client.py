@@ -7,9 +7,10 @@
         reward = (await sandbox.judge(session.session_id, "profile")).result
         await sandbox.delete_session(session.session_id)
 
-Both speak the models of cuda_agent.sandbox.server.models; a tool call takes the tool's name and its
-input as the model emitted it, and returns the tool's typed result. HTTP errors raise SandboxError
-with the server's message; tool failures are results (`is_error`), not exceptions.
+Both speak the models of the contract module cuda_agent.sandbox.api (never a server module); a tool
+call takes the tool's name and its input as the model emitted it, and returns the tool's typed result.
+HTTP errors raise SandboxError with the server's message; tool failures are
+results (`is_error`), not exceptions.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from cuda_agent.sandbox.server.models import (
+from cuda_agent.sandbox.api import (
+    TOOL_SPECS,
     CreateSessionRequest,
     DeleteSessionResponse,
     Device,
@@ -38,7 +40,6 @@ from cuda_agent.sandbox.server.models import (
     ToolList,
     ToolResult,
 )
-from cuda_agent.sandbox.server.tools import TOOLS
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -67,9 +68,9 @@ def _session_request(
 
 
 def _tool_input(name: str, arguments: dict[str, Any] | BaseModel) -> tuple[str, BaseModel, type[ToolResult]]:
-    if name not in TOOLS:
-        raise ValueError(f"unknown tool {name!r}; tools: {', '.join(TOOLS)}")
-    tool = TOOLS[name]
+    if name not in TOOL_SPECS:
+        raise ValueError(f"unknown tool {name!r}; tools: {', '.join(TOOL_SPECS)}")
+    tool = TOOL_SPECS[name]
     body = arguments if isinstance(arguments, BaseModel) else tool.input_model.model_validate(arguments)
     return f"tools/{name}", body, tool.result_model
 

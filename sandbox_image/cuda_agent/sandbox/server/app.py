@@ -22,11 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
-from cuda_agent.sandbox.server.config import SandboxServerConfig
-from cuda_agent.sandbox.server.isolation import Isolation
-from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
-from cuda_agent.sandbox.server.metrics import Metrics
-from cuda_agent.sandbox.server.models import (
+from cuda_agent.sandbox.api import (
     CreateSessionRequest,
     DeleteSessionResponse,
     ErrorResponse,
@@ -40,8 +36,11 @@ from cuda_agent.sandbox.server.models import (
     SessionList,
     TaskRef,
     ToolList,
-    ToolSpec,
 )
+from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.isolation import Isolation
+from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
+from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.sessions import CapacityError, SessionManager, UnknownSessionError
 from cuda_agent.sandbox.server.tools import TOOLS, Tool
 from cuda_agent.sandbox.server.workspace_fs import ToolError
@@ -430,12 +429,7 @@ def _wrap(server: SandboxServer, route: Route) -> Callable[[web.Request], Awaita
 
 
 def tool_list() -> ToolList:
-    return ToolList(
-        tools=[
-            ToolSpec(name=t.name, description=t.description, input_schema=t.input_model.model_json_schema())
-            for t in TOOLS.values()
-        ]
-    )
+    return ToolList(tools=[t.spec.info() for t in TOOLS.values()])
 
 
 def openapi_document(api_version: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""The agent's tool set as the server exposes it: name -> input model, result model, implementation.
+"""The agent's tool set as the server exposes it: the contract's specs (`cuda_agent.sandbox.api`) plus
+the implementations.
 
 One table drives the HTTP routes, the OpenAPI document and `GET /v1/tools` (the schemas an agent loop
-hands to the model), so the three cannot disagree.
+hands to the model), so the three cannot disagree with each other or with the client.
 """
 
 from __future__ import annotations
@@ -15,28 +16,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from cuda_agent.sandbox.server import file_tools
-from cuda_agent.sandbox.server.models import (
+from cuda_agent.sandbox.api import (
+    TOOL_SPECS,
     BashInput,
     BashOutputInput,
     BashOutputResult,
     BashResult,
-    EditInput,
-    EditResult,
-    GlobInput,
-    GlobResult,
-    GrepInput,
-    GrepResult,
     KillBashInput,
-    MultiEditInput,
-    NotebookEditInput,
-    ReadInput,
-    ReadResult,
     TodoWriteInput,
     TodoWriteResult,
     ToolResult,
-    WriteInput,
+    ToolSpec,
 )
+from cuda_agent.sandbox.server import file_tools
 from cuda_agent.sandbox.server.procs import run_foreground, start_background
 from cuda_agent.sandbox.server.sessions import Session, SessionManager
 from cuda_agent.sandbox.server.workspace_fs import ToolError
@@ -46,11 +38,26 @@ ToolImpl = Callable[[SessionManager, Session, Any], Awaitable[ToolResult]]
 
 @dataclass(frozen=True)
 class Tool:
-    name: str
-    description: str
-    input_model: type[BaseModel]
-    result_model: type[ToolResult]
+    """A contract spec (name, description, input and result models) with the server's implementation."""
+
+    spec: ToolSpec
     impl: ToolImpl
+
+    @property
+    def name(self) -> str:
+        return str(self.spec.name)
+
+    @property
+    def description(self) -> str:
+        return self.spec.description
+
+    @property
+    def input_model(self) -> type[BaseModel]:
+        return self.spec.input_model
+
+    @property
+    def result_model(self) -> type[ToolResult]:
+        return self.spec.result_model
 
 
 def _bash_argv(manager: SessionManager, session: Session, command: str) -> list[str]:
@@ -145,76 +152,17 @@ async def todo_write(manager: SessionManager, session: Session, req: TodoWriteIn
     return file_tools.todo_write(session.todos, req)
 
 
-TOOLS: dict[str, Tool] = {
-    t.name: t
-    for t in (
-        Tool(
-            "bash",
-            "Run a bash command in the workspace (fresh shell, no network). Foreground commands "
-            "are killed after `timeout` ms; set run_in_background for long runs.",
-            BashInput,
-            BashResult,
-            bash,
-        ),
-        Tool(
-            "bash_output",
-            "Read new output of a background job (optionally only lines matching `filter`).",
-            BashOutputInput,
-            BashOutputResult,
-            bash_output,
-        ),
-        Tool(
-            "kill_bash",
-            "Kill a background job and everything it started.",
-            KillBashInput,
-            ToolResult,
-            kill_bash,
-        ),
-        Tool(
-            "read",
-            "Read a file with line numbers; `offset` (1-based) and `limit` select lines.",
-            ReadInput,
-            ReadResult,
-            _in_thread(file_tools.read),
-        ),
-        Tool("write", "Create or overwrite a file.", WriteInput, ToolResult, _in_thread(file_tools.write)),
-        Tool(
-            "edit",
-            "Replace `old_string` with `new_string` in a file; old_string must be unique unless "
-            "replace_all is set.",
-            EditInput,
-            EditResult,
-            _in_thread(file_tools.edit),
-        ),
-        Tool(
-            "multi_edit",
-            "Apply several edits to one file in order, all or none.",
-            MultiEditInput,
-            EditResult,
-            _in_thread(file_tools.multi_edit),
-        ),
-        Tool(
-            "glob",
-            "List files matching a glob pattern (`**` for any depth), newest first.",
-            GlobInput,
-            GlobResult,
-            _in_thread(file_tools.glob),
-        ),
-        Tool(
-            "grep",
-            "Search file contents with a regular expression; filter files with `glob`; "
-            "output_mode content|files_with_matches|count; -A/-B/-C context lines.",
-            GrepInput,
-            GrepResult,
-            _in_thread(file_tools.grep),
-        ),
-        Tool(
-            "notebook_edit",
-            "Replace, insert or delete a cell of a Jupyter notebook.",
-            NotebookEditInput,
-            ToolResult,
-            _in_thread(file_tools.notebook_edit),
-        ),
-        Tool("todo_write", "Replace the session's todo list.", TodoWriteInput, TodoWriteResult, todo_write),
-    )
+IMPLEMENTATIONS: dict[str, ToolImpl] = {
+    "bash": bash,
+    "bash_output": bash_output,
+    "kill_bash": kill_bash,
+    "read": _in_thread(file_tools.read),
+    "write": _in_thread(file_tools.write),
+    "edit": _in_thread(file_tools.edit),
+    "multi_edit": _in_thread(file_tools.multi_edit),
+    "glob": _in_thread(file_tools.glob),
+    "grep": _in_thread(file_tools.grep),
+    "notebook_edit": _in_thread(file_tools.notebook_edit),
+    "todo_write": todo_write,
 }
+TOOLS: dict[str, Tool] = {name: Tool(spec, IMPLEMENTATIONS[name]) for name, spec in TOOL_SPECS.items()}
