@@ -93,6 +93,17 @@ class ModelSource(ApiModel):
         description="Initial critic weights (same URI forms as base). When absent the critic starts from "
         "the base model with a fresh value head and value pretraining fits it.",
     )
+    random_init: StrictBool = Field(
+        default=False,
+        description="Build the policy from base's config.json with random weights instead of loading its "
+        "weights (tests and benchmarks; nothing is downloaded).",
+    )
+    gguf_file: str | None = Field(
+        default=None,
+        max_length=MAX_NAME,
+        description="Name of a GGUF file inside base to load (dequantised) instead of safetensors weights, "
+        "e.g. the offline SmolLM2 package's file.",
+    )
 
 
 class DatasetSource(ApiModel):
@@ -219,6 +230,25 @@ class RftWarmup(ApiModel):
         description="Keep trajectories whose milestone reward is at least this (1 = correct).",
     )
     epochs: StrictInt = Field(default=1, ge=1, le=100, description="Passes over the kept trajectories.")
+    trajectories_uri: (
+        Annotated[
+            str,
+            Field(max_length=MAX_URI),
+            storage_uri("spec.warmup.rft.trajectoriesUri", ("s3", "pvc", "path")),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="JSON lines of trajectories (demonstrations or earlier rollouts) to filter and fine-tune "
+        "on; when absent the stage collects one batch of rollouts with the base policy.",
+    )
+    max_repeated_turns: StrictInt = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="Drop a trajectory in which one generated turn (the same tokens) occurs more than this "
+        "many times: a redundant loop.",
+    )
 
 
 class ValuePretrainingWarmup(ApiModel):
@@ -320,6 +350,71 @@ class CheckpointSpec(ApiModel):
     )
 
 
+class TrainerSpec(ApiModel):
+    """How the learner runs: engine, memory and precision knobs that do not change the algorithm."""
+
+    engine: Literal["deepspeed", "torch"] = Field(
+        default="deepspeed",
+        description="deepspeed (ZeRO, data parallel over trainer GPUs) or torch (one device, plain AdamW).",
+    )
+    zero_stage: StrictInt = Field(
+        default=3,
+        ge=0,
+        le=3,
+        description="DeepSpeed ZeRO stage of actor and critic (0 = plain data parallel).",
+    )
+    precision: Literal["bf16", "fp32"] = Field(
+        default="bf16",
+        description="Parameter/activation dtype of actor, critic and reference; log-probs, ratios and "
+        "values are always computed in fp32.",
+    )
+    micro_batch_tokens: StrictInt = Field(
+        default=65_536,
+        ge=16,
+        le=4_194_304,
+        description="Token budget of one micro-batch (padded tokens counted); longer episodes get a "
+        "micro-batch of their own.",
+    )
+    logits_chunk_tokens: StrictInt = Field(
+        default=8192,
+        ge=16,
+        le=1_048_576,
+        description="Tokens per checkpointed chunk when log-probs, entropy and values are computed from "
+        "hidden states; the [tokens x vocab] logits never exist for more than one chunk.",
+    )
+    activation_checkpointing: StrictBool = Field(
+        default=True, description="Recompute decoder-layer activations in the backward pass."
+    )
+    ppo_epochs: StrictInt = Field(default=1, ge=1, le=100, description="Passes over each rollout batch.")
+    mini_batches: StrictInt = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Optimizer steps per pass over a rollout batch (1 = one on-policy update per step).",
+    )
+    lr_warmup_steps: StrictInt = Field(
+        default=0, ge=0, le=1_000_000, description="Optimizer steps of linear learning-rate warm-up."
+    )
+    value_clip: StrictFloat = Field(
+        default=0.2, gt=0, le=100, description="Values move at most this far from the rollout's values."
+    )
+    max_grad_norm: StrictFloat = Field(default=1.0, gt=0, le=1e6, description="Gradient-norm clip.")
+    weight_sync_bucket_mb: StrictInt = Field(
+        default=512,
+        ge=1,
+        le=65_536,
+        description="Size of one bucket of actor weights sent to the rollout engines.",
+    )
+    seed: StrictInt = Field(
+        default=0, ge=0, le=2**31 - 1, description="Seed of data order and initialisation."
+    )
+    use_ray: StrictBool = Field(
+        default=True,
+        description="Run actor, critic, reference and rollout as Ray actor groups with placement groups; "
+        "false runs every role in the trainer process (CPU demos, tests).",
+    )
+
+
 class TrainingRunSpec(ApiModel):
     """Desired state of a TrainingRun."""
 
@@ -357,6 +452,7 @@ class TrainingRunSpec(ApiModel):
     ] = section(RewardSpec, "Reward scheme, tolerance and precision policy.")
     resources: ResourcesSpec = section(ResourcesSpec, "GPUs and parallelism.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint cadence and location.")
+    trainer: TrainerSpec = section(TrainerSpec, "Learner engine, memory and precision settings.")
     suspend: StrictBool = Field(
         default=False, description="Stop the run's pods, keeping its last checkpoint; false resumes from it."
     )

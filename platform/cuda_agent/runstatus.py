@@ -1,0 +1,113 @@
+"""Status writers: how a trainer's progress reaches its TrainingRun.
+
+The mode comes from the operator <-> trainer contract (`TrainerEnv.status_mode`): "kubernetes" patches the
+TrainingRun's status subresource through the API models, "file" appends one JSON line per report (the
+local executor and tests read it), "none" only logs. Torch-free, so the operator and tests import it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from cuda_agent.api.base import GROUP, VERSION, Condition, ConditionStatus
+from cuda_agent.api.run_contract import TrainerEnv, TrainerProgress
+from cuda_agent.api.trainingrun import TrainingRun, TrainingRunPhase, TrainingRunStatus
+
+log = logging.getLogger(__name__)
+
+# The condition a trainer reports in each phase; the operator owns Provisioning.
+_PHASE_CONDITION: dict[TrainingRunPhase, str] = {
+    TrainingRunPhase.WARMING_UP: "WarmingUp",
+    TrainingRunPhase.RUNNING: "Training",
+    TrainingRunPhase.SUSPENDED: "Suspended",
+    TrainingRunPhase.SUCCEEDED: "Succeeded",
+    TrainingRunPhase.FAILED: "Failed",
+}
+
+
+class StatusWriter(Protocol):
+    def write(self, progress: TrainerProgress) -> None: ...
+
+
+def progress_status(progress: TrainerProgress, now: datetime | None = None) -> TrainingRunStatus:
+    """The TrainingRun status that mirrors one progress report."""
+    condition = None
+    condition_type = _PHASE_CONDITION.get(progress.phase)
+    if condition_type is not None:
+        reason = "".join(part.capitalize() for part in progress.stage.split("_")) or "Trainer"
+        condition = Condition(
+            type=condition_type,
+            status=ConditionStatus.TRUE,
+            last_transition_time=now or datetime.now(UTC),
+            reason=reason,
+            message=progress.message,
+        )
+    return TrainingRunStatus(
+        phase=progress.phase,
+        step=progress.step,
+        metrics=progress.metrics,
+        last_checkpoint=progress.last_checkpoint,
+        conditions=[condition] if condition else [],
+    )
+
+
+def status_patch(progress: TrainerProgress) -> dict[str, Any]:
+    """The merge-patch body for the status subresource."""
+    status = progress_status(progress).model_dump(mode="json", by_alias=True, exclude_none=True)
+    return {"status": status}
+
+
+class KubernetesStatusWriter:
+    """Patches the TrainingRun's status subresource (in-cluster service account, else KUBECONFIG)."""
+
+    def __init__(self, env: TrainerEnv) -> None:
+        from kubernetes import client, config  # the operator extra; present in the trainer image
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self._api = client.CustomObjectsApi()
+        self._name, self._namespace = env.run_name, env.run_namespace
+
+    def write(self, progress: TrainerProgress) -> None:
+        self._api.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            self._namespace,
+            TrainingRun.plural,
+            self._name,
+            status_patch(progress),
+        )
+
+
+class FileStatusWriter:
+    """Appends one JSON line per report: the status patch plus the trainer's own fields."""
+
+    def __init__(self, path: str) -> None:
+        self._path = Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, progress: TrainerProgress) -> None:
+        line = {**status_patch(progress), "progress": progress.model_dump(mode="json")}
+        with self._path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+class LogStatusWriter:
+    def write(self, progress: TrainerProgress) -> None:
+        log.info("progress %s", progress.model_dump_json(exclude_none=True))
+
+
+def open_status_writer(env: TrainerEnv) -> StatusWriter:
+    if env.status_mode == "kubernetes":
+        return KubernetesStatusWriter(env)
+    if env.status_mode == "file":
+        if not env.status_file:
+            raise ValueError("status mode 'file' needs CUDA_AGENT_STATUS_FILE")
+        return FileStatusWriter(env.status_file)
+    return LogStatusWriter()

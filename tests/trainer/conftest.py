@@ -1,0 +1,61 @@
+"""Shared fixtures of the trainer tests: one tiny random-init Qwen2-shaped model saved once per session,
+and a TrainingRun spec pointing at it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+VOCAB = 64
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    directory = tmp_path_factory.mktemp("tiny-qwen2")
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def run_document(tiny_model_dir: Path) -> Callable[..., dict[str, Any]]:
+    """A TrainingRun document for the tiny model; keyword arguments override spec sections."""
+
+    def make(**spec: Any) -> dict[str, Any]:
+        base: dict[str, Any] = {
+            "model": {"base": str(tiny_model_dir)},
+            "dataset": {"uri": "/nonexistent"},
+            "sandboxPoolRef": {"name": "pool"},
+            "algorithm": {"steps": 3, "batchSize": 4, "klCoef": 0.05, "actorLearningRate": 1e-3,
+                          "criticLearningRate": 1e-3},
+            "checkpoint": {"everySteps": 1},
+            "trainer": {"engine": "torch", "precision": "fp32", "microBatchTokens": 96,
+                        "logitsChunkTokens": 16, "useRay": False},
+        }
+        for key, value in spec.items():
+            base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+        return {"apiVersion": "cuda-agent.io/v1alpha1", "kind": "TrainingRun",
+                "metadata": {"name": "tiny"}, "spec": base}
+
+    return make

@@ -1,0 +1,158 @@
+"""A trainable module with its optimizer and LR schedule: DeepSpeed (ZeRO stage 0-3) or plain torch.
+
+Both backends offer the same five operations: forward through `module`, `start` an optimizer step of
+n micro-batches, `backward` each, `finish`, `save` / `load` of the full
+training state (weights, optimizer, scheduler). Plain torch serves machines without DeepSpeed (the GPU
+benchmark host) and single-device CPU runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+EngineBackend = Literal["deepspeed", "torch"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def init_distributed() -> None:
+    """Join (or, alone, create) the default process group DeepSpeed needs; gloo on CPU."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    import deepspeed
+
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def _lr_lambda(warmup_steps: int) -> Any:
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+    return factor
+
+
+class TrainEngine:
+    """One role's trainable module, optimizer and scheduler."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        lr: float,
+        backend: EngineBackend,
+        zero_stage: int,
+        max_grad_norm: float,
+        bf16: bool,
+        warmup_steps: int = 0,
+    ) -> None:
+        self.backend = backend
+        self.max_grad_norm = max_grad_norm
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(warmup_steps))
+        self._ds: Any = None
+        if backend == "deepspeed":
+            init_distributed()
+            import deepspeed
+
+            config = {
+                "train_micro_batch_size_per_gpu": 1,
+                "gradient_accumulation_steps": 1,
+                "gradient_clipping": max_grad_norm,
+                "zero_optimization": {"stage": zero_stage},
+                "bf16": {"enabled": bf16},
+                "zero_allow_untested_optimizer": True,
+                "steps_per_print": 1 << 30,
+                "wall_clock_breakdown": False,
+            }
+            self._ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
+                model=module, optimizer=optimizer, lr_scheduler=scheduler, config=config
+            )
+            self.module: nn.Module = self._ds.module
+        else:
+            self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
+
+    def forward(self, *args: Any) -> Any:
+        """Through DeepSpeed's engine when there is one: ZeRO-3 counts micro-steps in its forward."""
+        return self._ds(*args) if self._ds is not None else self.module(*args)
+
+    def start(self, micro_batches: int) -> None:
+        """Begin an optimizer step of `micro_batches` backward passes (DeepSpeed reduces after the last)."""
+        if self._ds is not None:
+            self._ds.set_train_batch_size(micro_batches * self._ds.dp_world_size)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate one micro-batch's gradients; `loss` is already scaled to its share of the step."""
+        if self._ds is not None:
+            self._ds.backward(loss, scale_wrt_gas=False)
+            self._ds.step()  # applies the update only at the accumulation boundary
+        else:
+            loss.backward()
+
+    def finish(self) -> float:
+        """End the optimizer step begun by `start`; returns the gradient norm before clipping."""
+        if self._ds is not None:
+            norm = self._ds.get_global_grad_norm()
+            return float(norm) if norm is not None else 0.0
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+
+    @contextmanager
+    def gathered(self, params: list[nn.Parameter]) -> Iterator[None]:
+        """Full parameters inside the block (ZeRO-3 partitions them between forwards)."""
+        if self._ds is not None and self._ds.zero_optimization_stage() == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(params):
+                yield
+        else:
+            with nullcontext():
+                yield
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        if self._ds is not None:
+            self._ds.save_checkpoint(str(directory), tag="state", save_latest=False)
+            return
+        torch.save(
+            {
+                "module": self.module.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+            },
+            directory / "state.pt",
+        )
+
+    def load(self, directory: Path) -> None:
+        if self._ds is not None:
+            path, _ = self._ds.load_checkpoint(str(directory), tag="state")
+            if path is None:
+                raise FileNotFoundError(f"{directory}: no DeepSpeed checkpoint")
+            return
+        state = torch.load(directory / "state.pt", map_location="cpu", weights_only=True)
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

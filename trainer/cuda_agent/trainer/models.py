@@ -1,0 +1,124 @@
+"""The three networks of PPO, built from `spec.model`: policy (causal LM), critic (the same backbone with
+a scalar value head) and a frozen reference policy for the KL term.
+
+Forward passes return hidden states, never full logits: `chunked` turns them into log-probs and entropy.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedModel
+
+from cuda_agent.api.trainingrun import ModelSource, TrainerSpec
+from cuda_agent.storage import StorageConfig, open_store, parse_uri
+from cuda_agent.trainer.chunked import token_logprobs
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def local_model_dir(uri: str, cache_dir: Path | None = None) -> Path:
+    """A local directory holding the checkpoint at `uri` (s3:// is downloaded once into cache_dir)."""
+    location = parse_uri(uri)
+    if location.scheme != "s3":
+        return location.local_path(StorageConfig.from_env().pvc_root)
+    target = (cache_dir or Path(tempfile.gettempdir()) / "cuda-agent-models") / location.bucket / location.key
+    if not (target / "config.json").exists():
+        open_store(uri).download_dir(uri, target)
+    return target
+
+
+def _load(auto: Any, source: ModelSource, uri: str, spec: TrainerSpec) -> PreTrainedModel:
+    directory = local_model_dir(uri)
+    dtype = DTYPES[spec.precision]
+    if source.random_init:
+        config = AutoConfig.from_pretrained(directory)
+        torch.manual_seed(spec.seed)
+        model = auto.from_config(config, torch_dtype=dtype, attn_implementation="sdpa")
+    elif source.gguf_file:
+        model = auto.from_pretrained(directory, gguf_file=source.gguf_file, torch_dtype=dtype)
+    else:
+        model = auto.from_pretrained(directory, torch_dtype=dtype, attn_implementation="sdpa")
+    model.config.use_cache = False
+    return cast(PreTrainedModel, model)
+
+
+def _enable_checkpointing(model: PreTrainedModel, spec: TrainerSpec) -> None:
+    if spec.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def backbone_of(model: PreTrainedModel) -> nn.Module:
+    """The decoder stack without its LM head (`model.model` for Llama/Qwen-style models)."""
+    return cast(nn.Module, getattr(model, model.base_model_prefix))
+
+
+def hidden_states(
+    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return cast(torch.Tensor, out.last_hidden_state)
+
+
+class Policy(nn.Module):
+    """A causal LM whose forward returns fp32 log-probs of the next tokens and the entropy, computed from
+    hidden states in chunks (the whole computation is one forward, as DeepSpeed's engine expects)."""
+
+    def __init__(self, lm: PreTrainedModel, chunk_tokens: int) -> None:
+        super().__init__()
+        self.lm = lm
+        self.chunk_tokens = chunk_tokens
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = hidden_states(backbone_of(self.lm), input_ids, attention_mask)[:, :-1]
+        head = self.lm.get_output_embeddings()
+        return token_logprobs(hidden, head, input_ids[:, 1:], self.chunk_tokens)
+
+    def hf_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Parameters under the Hugging Face names a rollout engine loads them by."""
+        return list(self.lm.named_parameters())
+
+
+def build_policy(source: ModelSource, spec: TrainerSpec) -> Policy:
+    model = _load(AutoModelForCausalLM, source, source.base, spec)
+    _enable_checkpointing(model, spec)
+    return Policy(model, spec.logits_chunk_tokens)
+
+
+def build_reference(source: ModelSource, spec: TrainerSpec) -> Policy:
+    model = _load(AutoModelForCausalLM, source, source.base, spec)
+    model.requires_grad_(False)
+    return Policy(model, spec.logits_chunk_tokens).eval()
+
+
+class Critic(nn.Module):
+    """The base LM's decoder with a scalar value head on every position."""
+
+    def __init__(self, backbone: PreTrainedModel, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1, dtype=next(backbone.parameters()).dtype)
+        # Small initial values: value pretraining fits them; a large random head would swamp early GAE.
+        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = hidden_states(self.backbone, input_ids, attention_mask)
+        return self.value_head(hidden).squeeze(-1).float()
+
+
+def build_critic(source: ModelSource, spec: TrainerSpec) -> Critic:
+    uri = source.critic or source.base
+    backbone = _load(AutoModel, source, uri, spec)
+    _enable_checkpointing(backbone, spec)
+    critic = Critic(backbone, int(backbone.config.hidden_size))
+    head = Path(local_model_dir(uri)) / "value_head.pt"
+    if source.critic and head.exists():
+        critic.value_head.load_state_dict(torch.load(head, map_location="cpu"))
+    return critic

@@ -1,0 +1,217 @@
+"""The PPO roles as plain objects: the policy actor, the critic and the frozen reference.
+
+Each owns its network (and, when trainable, a TrainEngine) on one device and works on lists of Episodes,
+cutting them into micro-batches by the token budget. `ray/` wraps the same classes as Ray actors; tests
+and benchmarks use them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.trainer import ppo
+from cuda_agent.trainer.engine import TrainEngine
+from cuda_agent.trainer.experience import Episode, MicroBatch, collate, gather, pack_micro_batches, scatter
+from cuda_agent.trainer.models import Policy, build_critic, build_policy, build_reference
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _micro_batches(episodes: Sequence[Episode], indices: Sequence[int], budget: int, device: torch.device) -> Iterator[MicroBatch]:
+    lengths = [episodes[i].length for i in indices]
+    for group in pack_micro_batches(lengths, budget):
+        yield collate(episodes, [indices[g] for g in group], device)
+
+
+class PolicyActor:
+    """The policy being trained: old log-probs for the experience, the PPO update, the RFT update."""
+
+    def __init__(self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None) -> None:
+        self.spec, self.device = spec, device or default_device()
+        t = spec.trainer
+        module = (model if model is not None else build_policy(spec.model, t)).to(self.device)
+        self.engine = TrainEngine(
+            module,
+            lr=spec.algorithm.actor_learning_rate,
+            backend=t.engine,
+            zero_stage=t.zero_stage,
+            max_grad_norm=t.max_grad_norm,
+            bf16=t.precision == "bf16",
+            warmup_steps=t.lr_warmup_steps,
+        )
+
+    @property
+    def module(self) -> nn.Module:
+        return self.engine.module
+
+    @torch.no_grad()
+    def compute_logprobs(self, episodes: list[Episode]) -> list[Episode]:
+        """Fill old_logprobs (fp32) and the per-episode mean entropy of policy tokens."""
+        self.engine.train(False)
+        t = self.spec.trainer
+        for batch in _micro_batches(episodes, range(len(episodes)), t.micro_batch_tokens, self.device):
+            logp, entropy = self.engine.forward(batch.input_ids, batch.attention_mask)
+            scatter(episodes, batch, "old_logprobs", logp)
+            for row, index in enumerate(batch.indices):
+                m = batch.mask[row]
+                episodes[index].extras["entropy"] = float((entropy[row] * m).sum() / m.sum().clamp(min=1))
+        return episodes
+
+    def train_ppo(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+        """One optimizer step per mini-batch with the clip-higher loss, token-mean over the mini-batch."""
+        self.engine.train(True)
+        t, a = self.spec.trainer, self.spec.algorithm
+        totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "actor_grad_norm": 0.0}
+        tokens_seen = 0
+        for indices in mini_batches:
+            n_tokens = float(sum(float(episodes[i].mask.sum()) for i in indices))
+            batches = list(_micro_batches(episodes, indices, t.micro_batch_tokens, self.device))
+            self.engine.start(len(batches))
+            for batch in batches:
+                logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
+                result = ppo.policy_loss(
+                    logp,
+                    gather(episodes, batch, "old_logprobs"),
+                    gather(episodes, batch, "advantages"),
+                    batch.mask,
+                    a.clip_low,
+                    a.clip_high,
+                )
+                self.engine.backward(result.loss_sum / max(n_tokens, 1.0))
+                weight = float(batch.mask.sum())
+                totals["policy_loss"] += float(result.loss_sum.detach())
+                totals["clip_fraction"] += float(result.clip_fraction) * weight
+                totals["approx_kl"] += float(result.approx_kl) * weight
+                tokens_seen += int(weight)
+            totals["actor_grad_norm"] += self.engine.finish() / len(mini_batches)
+        for key in ("policy_loss", "clip_fraction", "approx_kl"):
+            totals[key] /= max(tokens_seen, 1)
+        return totals
+
+    def train_nll(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+        """Rejection fine-tuning: token-mean negative log-likelihood of the policy tokens."""
+        self.engine.train(True)
+        t = self.spec.trainer
+        total, tokens = 0.0, 0
+        for indices in mini_batches:
+            n_tokens = float(sum(float(episodes[i].mask.sum()) for i in indices))
+            batches = list(_micro_batches(episodes, indices, t.micro_batch_tokens, self.device))
+            self.engine.start(len(batches))
+            for batch in batches:
+                logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
+                loss_sum = -(logp * batch.mask).sum()
+                self.engine.backward(loss_sum / max(n_tokens, 1.0))
+                total += float(loss_sum.detach())
+                tokens += int(batch.mask.sum())
+            self.engine.finish()
+        return {"nll": total / max(tokens, 1)}
+
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[NamedTensors]:
+        """The policy's full weights in buckets of about bucket_bytes (gathered under ZeRO-3)."""
+        bucket: NamedTensors = []
+        size = 0
+        policy = self.module
+        assert isinstance(policy, Policy)
+        for name, param in policy.hf_named_parameters():
+            with self.engine.gathered([param]):
+                tensor = param.detach().clone()
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+    def save(self, directory: Path) -> None:
+        self.engine.save(directory)
+
+    def load(self, directory: Path) -> None:
+        self.engine.load(directory)
+
+
+class ValueCritic:
+    """The critic: values for GAE, the clipped value update, value pretraining."""
+
+    def __init__(self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None) -> None:
+        self.spec, self.device = spec, device or default_device()
+        t = spec.trainer
+        module = (model if model is not None else build_critic(spec.model, t)).to(self.device)
+        self.engine = TrainEngine(
+            module,
+            lr=spec.algorithm.critic_learning_rate,
+            backend=t.engine,
+            zero_stage=t.zero_stage,
+            max_grad_norm=t.max_grad_norm,
+            bf16=t.precision == "bf16",
+            warmup_steps=t.lr_warmup_steps,
+        )
+
+    def _values(self, batch: MicroBatch) -> torch.Tensor:
+        values: torch.Tensor = self.engine.forward(batch.input_ids, batch.attention_mask)
+        return values[:, :-1]
+
+    @torch.no_grad()
+    def compute_values(self, episodes: list[Episode]) -> list[Episode]:
+        self.engine.train(False)
+        t = self.spec.trainer
+        for batch in _micro_batches(episodes, range(len(episodes)), t.micro_batch_tokens, self.device):
+            scatter(episodes, batch, "values", self._values(batch) * batch.mask)
+        return episodes
+
+    def train_values(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+        self.engine.train(True)
+        t = self.spec.trainer
+        total, clipped, tokens, norm = 0.0, 0.0, 0, 0.0
+        for indices in mini_batches:
+            n_tokens = float(sum(float(episodes[i].mask.sum()) for i in indices))
+            batches = list(_micro_batches(episodes, indices, t.micro_batch_tokens, self.device))
+            self.engine.start(len(batches))
+            for batch in batches:
+                loss_sum, fraction = ppo.value_loss(
+                    self._values(batch),
+                    gather(episodes, batch, "values"),
+                    gather(episodes, batch, "returns"),
+                    batch.mask,
+                    t.value_clip,
+                )
+                self.engine.backward(loss_sum / max(n_tokens, 1.0))
+                weight = float(batch.mask.sum())
+                total += float(loss_sum.detach())
+                clipped += float(fraction) * weight
+                tokens += int(weight)
+            norm += self.engine.finish() / len(mini_batches)
+        return {"value_loss": total / max(tokens, 1), "value_clip_fraction": clipped / max(tokens, 1), "critic_grad_norm": norm}
+
+    def save(self, directory: Path) -> None:
+        self.engine.save(directory)
+
+    def load(self, directory: Path) -> None:
+        self.engine.load(directory)
+
+
+class Reference:
+    """The frozen initial policy; its log-probs give the KL term."""
+
+    def __init__(self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None) -> None:
+        self.spec, self.device = spec, device or default_device()
+        self.module = (model if model is not None else build_reference(spec.model, spec.trainer)).to(self.device)
+        self.module.requires_grad_(False)
+        self.module.eval()
+
+    @torch.no_grad()
+    def compute_logprobs(self, episodes: list[Episode]) -> list[Episode]:
+        t = self.spec.trainer
+        for batch in _micro_batches(episodes, range(len(episodes)), t.micro_batch_tokens, self.device):
+            logp, _ = self.module(batch.input_ids, batch.attention_mask)
+            scatter(episodes, batch, "ref_logprobs", logp)
+        return episodes
