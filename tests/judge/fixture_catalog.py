@@ -69,6 +69,8 @@ VIOLATION_CODES = frozenset(
         "caching",
         "early-exit",
         "output-forged",
+        "timed-wrong-result",
+        "implausible-speed",
     }
 )
 KNOWN_CODES = VIOLATION_CODES | set(ERROR_KINDS) | set(OUTCOMES)
@@ -233,7 +235,10 @@ def materialise(attack: Attack, device: str, workdir: Path) -> Path:
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
-    shutil.copy2(attack.directory / "model_new.py", target / "model_new.py")
+    # model_new.py and any other file at the root (the released layout keeps binding files there).
+    for path in attack.directory.iterdir():
+        if path.is_file() and path.name != "expect.json":
+            shutil.copy2(path, target / path.name)
     if attack.kit:
         shutil.copytree(KIT_DIR / device / "kernels", target / "kernels")
     elif (attack.directory / "kernels").is_dir():

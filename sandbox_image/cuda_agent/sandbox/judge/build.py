@@ -9,6 +9,8 @@ objects' keys. Workspace `.cu` kernels never see torch headers, so an edit to on
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -32,10 +34,10 @@ from typing import Any
 from cuda_agent.sandbox.judge import screen
 
 FROZEN_DIR = Path(__file__).parent / "frozen"
-FROZEN_FILES = ("binding.cpp", "binding_registry.h")
+FROZEN_FILES = screen.FROZEN_FILES
 WORKSPACE_MODULE = "cuda_extension"
 BUILD_LOG_LIMIT = 8192
-HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx")
+HEADER_SUFFIXES = screen.HEADER_SUFFIXES
 BINDING_OPT = "-O1"  # optimisation level of workspace bindings (torch glue) and of their precompiled header
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 INCLUDE_ANY = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
@@ -139,7 +141,9 @@ class Toolchain:
     @property
     def tag(self) -> str:
         identity = {k: v for k, v in self.__dict__.items() if k != "site_packages"}
-        if not self.vendor:  # CPU toolchains: the same key as before vendor libraries existed
+        if self.vendor:
+            identity["vendor"] = [dataclasses.astuple(lib) for lib in self.vendor]
+        else:  # CPU toolchains: the same key as before vendor libraries existed
             identity.pop("vendor")
         return self.key(identity)[:24]
 
@@ -274,13 +278,78 @@ class BuildCache:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def publish(self, produced: Path, final: Path) -> None:
+        """First writer wins: an entry, once published, never changes. Two judges building the same
+        unit at once produce different bytes (nvcc names its fatbin module uniquely), and a judge that
+        hashed the entry it linked must find those bytes when its worker loads the copy (measured on
+        the H200: `binary does not match the build` when the second build replaced the first)."""
         final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(produced, final)
+        try:
+            os.link(produced, final)
+        except FileExistsError:
+            pass
+        except OSError:  # no hard links on this filesystem
+            if not final.exists():
+                os.replace(produced, final)
+        finally:
+            with contextlib.suppress(OSError):
+                produced.unlink()
 
     def scratch(self) -> Path:
         directory = Path(tempfile.mkdtemp(dir=self.root / "tmp"))
         directory.chmod(self.dir_mode)
         return directory
+
+    @staticmethod
+    def touch(path: Path) -> None:
+        """Mark an entry used now (its mtime): eviction removes the least recently used first."""
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """(last use, bytes, path) of every evictable entry: objects, extensions, precompiled headers,
+        collected load_inline sources and the torch.compile baseline's per-kernel cache directories."""
+        found: list[tuple[float, int, Path]] = []
+        groups = [
+            *self.root.glob("obj/*/*.o"),
+            *self.root.glob("ext/*"),
+            *self.root.glob("pch/*"),
+            *self.root.glob("src/*"),
+            *self.root.glob("baseline/*/*"),
+        ]
+        for path in groups:
+            try:
+                files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+                size = sum(p.stat().st_size for p in files)
+                used = max([path.stat().st_mtime, *(p.stat().st_mtime for p in files)])
+            except OSError:
+                continue
+            found.append((used, size, path))
+        return found
+
+    def size(self) -> int:
+        return sum(size for _, size, _ in self.entries())
+
+    def evict(self, max_bytes: int, min_idle_s: float = 3600.0) -> tuple[int, int]:
+        """Remove least recently used entries until the cache holds at most `max_bytes`; never one used
+        in the last `min_idle_s` seconds (a concurrent judge may be about to read it: the default is
+        twice the longest judge run). Returns (bytes removed, bytes left)."""
+        with self.lock("evict", time.monotonic() + 60):
+            entries = sorted(self.entries())
+            total = sum(size for _, size, _ in entries)
+            removed = 0
+            now = time.time()
+            for used, size, path in entries:
+                if total - removed <= max_bytes:
+                    break
+                if now - used < min_idle_s:
+                    continue
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                removed += size
+            return removed, total - removed
 
 
 @dataclass
@@ -415,6 +484,7 @@ def _ensure_pch(
     header = directory / "torch_extension_pch.h"
     gch = directory / "torch_extension_pch.h.gch"
     if gch.exists():
+        cache.touch(gch)
         return key, header, ""
     with cache.lock(f"pch-{key}", deadline):
         if gch.exists():
@@ -461,6 +531,7 @@ def _compile(
     start = time.monotonic()
     final = cache.obj(unit.key)
     if final.exists():
+        cache.touch(final)
         return UnitOutcome(unit, True, True, "", 0.0)
     scratch = cache.scratch()
     try:
@@ -505,6 +576,7 @@ def _link(
     key = toolchain.key(key_body)[:40]
     final = cache.ext(key, name)
     if final.exists():
+        cache.touch(final)
         return final, True, ""
     scratch = cache.scratch()
     try:

@@ -59,7 +59,76 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-dir", type=Path, default=None, help="build cache (default $CUDA_AGENT_JUDGE_CACHE)"
     )
+    p.add_argument(
+        "--cache-max-mb",
+        type=float,
+        default=_env_float("CUDA_AGENT_JUDGE_CACHE_MAX_MB"),
+        help="after judging, shrink the build cache to this size, least recently used entries first "
+        "(default $CUDA_AGENT_JUDGE_CACHE_MAX_MB; unset: unbounded)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no phase lines on stderr (human output only)")
     return p
+
+
+def _env_float(name: str) -> float | None:
+    value = os.environ.get(name)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+# What each refusal means, in one line for the person at the terminal (codes: docs/judge.md).
+REFUSALS = {
+    "torch-compute": "PyTorch computes part of the result: only the candidate's own kernels (and cuBLAS / "
+    "cuDNN called from its extension) may compute; outputs are not scored",
+    "no-custom-kernel": "the forward ran none of the candidate's kernels",
+    "side-stream": "work ran outside the current stream or thread, where the timer cannot see it",
+    "caching": "outputs were reused instead of recomputed for new inputs",
+    "precision": "the result is less accurate than fp32 allows (TF32/FP16 math under strict-fp32)",
+    "timed-wrong-result": "outputs were wrong during the timed calls",
+    "implausible-speed": "the measured time is faster than the device's bandwidth or FLOP/s allow",
+    "timing-mismatch": "host time and device time disagree: work hidden from the device timer",
+}
+
+
+class Progress:
+    """Phase lines on stderr as the orchestrator reports them: one line per phase on a pipe, a bar
+    redrawn in place on a terminal."""
+
+    BAR = 24
+
+    def __init__(self, stream: object) -> None:
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.phase: str | None = None
+        self.open_line = False
+
+    def __call__(self, event: dict[str, object]) -> None:
+        phase, done, total = str(event.get("phase")), event.get("done"), event.get("total")
+        elapsed = float(str(event.get("elapsed_s") or 0.0))
+        text = f"[{elapsed:6.1f} s] {phase:<8}"
+        if isinstance(done, int) and isinstance(total, int) and total > 0:
+            filled = self.BAR * done // total
+            unit = "timed trials" if phase == "profile" else "trials"
+            text += f" [{'#' * filled}{'.' * (self.BAR - filled)}] {done}/{total} {unit}"
+        if self.tty:
+            end = "\n" if phase != self.phase and self.open_line else ""
+            self._write(end + "\r" + text + "\x1b[K")
+            self.open_line = True
+        elif phase != self.phase or done == total:
+            self._write(text + "\n")
+        self.phase = phase
+
+    def close(self) -> None:
+        if self.tty and self.open_line:
+            self._write("\n")
+
+    def _write(self, text: str) -> None:
+        write = getattr(self.stream, "write", None)
+        if write is not None:
+            write(text)
+            getattr(self.stream, "flush", lambda: None)()
 
 
 def _summary(result: object) -> str:
@@ -71,14 +140,19 @@ def _summary(result: object) -> str:
     def fmt(value: float | None, digits: int = 4) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 
-    lines = [
-        f"reward {result.reward}   compiled {result.compiled}   correct {result.correct}   "
-        f"device {result.device}   precision {result.precision}",
-        f"timings ms ({result.timing_method or 'not profiled'}): candidate {fmt(t.candidate)}"
-        f"  eager {fmt(t.eager)}"
-        f"  compile {fmt(t.compile)}",
-        f"speedup: vs eager {fmt(s.eager, 3)}  vs compile {fmt(s.compile, 3)}",
-    ]
+    lines = [_verdict(result)]
+    correct = "not scored (refused)" if result.violations else str(result.correct)
+    lines.append(
+        f"compiled {result.compiled}   correct {correct}   device {result.device}   "
+        f"precision {result.precision}"
+    )
+    if result.timing_method or t.candidate is not None:
+        lines += [
+            f"timings ms ({result.timing_method or 'not profiled'}): candidate {fmt(t.candidate)}"
+            f"  eager {fmt(t.eager)}"
+            f"  compile {fmt(t.compile)}",
+            f"speedup: vs eager {fmt(s.eager, 3)}  vs compile {fmt(s.compile, 3)}",
+        ]
     if result.error:
         lines.append(f"error: {result.error}")
     lines += [f"violation: {v}" for v in result.violations]
@@ -87,6 +161,40 @@ def _summary(result: object) -> str:
     if result.build_log and not result.compiled:
         lines.append("build log:\n" + result.build_log)
     return "\n".join(lines)
+
+
+def _verdict(result: object) -> str:
+    """The first line: the reward and, for -1, the reason in plain words (a refusal is not a wrong
+    answer: outputs that happened to match do not make it correct)."""
+    from cuda_agent.sandbox.judge.config import JudgeResult
+
+    assert isinstance(result, JudgeResult)
+    if result.reward > 0:
+        tiers = {3: "faster than eager and torch.compile", 2: "faster than eager", 1: "correct, not faster"}
+        return f"reward {result.reward}: {tiers[result.reward]}"
+    if result.violations:
+        code = result.violations[0].split(":", 1)[0]
+        why = REFUSALS.get(
+            code,
+            "the judge's rules forbid what it did"
+            if not code.startswith("static.")
+            else "the static screen refused the sources; nothing was built or run",
+        )
+        return f"reward -1: refused ({code}): {why}"
+    if not result.compiled:
+        return f"reward -1: not built: {(result.error or 'build failed').splitlines()[0][:200]}"
+    return f"reward -1: {(result.error or 'incorrect').splitlines()[0][:200]}"
+
+
+def _bound_cache(cache_dir: Path, max_mb: float, notes: list[str]) -> None:
+    """Shrink the build cache to `max_mb` after the verdict (entries used in the last hour stay)."""
+    from cuda_agent.sandbox.judge import build
+
+    removed, left = build.BuildCache(cache_dir).evict(int(max_mb * (1 << 20)))
+    notes.append(
+        f"build cache {cache_dir}: {left / (1 << 20):.0f} MB after removing {removed / (1 << 20):.0f} MB "
+        f"(cap {max_mb:.0f} MB)"
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -130,14 +238,20 @@ def main(argv: Sequence[str]) -> int:
         field = ".".join(str(p) for p in first["loc"])
         print(f"cuda-agent judge: invalid {field}: {first['msg']}", file=sys.stderr)
         return 2
+    progress = None if args.json or args.no_progress else Progress(sys.stderr)
     try:
-        result = orchestrator.judge(config)
+        result = orchestrator.judge(config, progress=progress)
     except orchestrator.UsageError as exc:
         print(f"cuda-agent judge: {exc}", file=sys.stderr)
         return 2
     except orchestrator.TaskFailure as exc:
         print(f"cuda-agent judge: task error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if progress is not None:
+            progress.close()
+    if args.cache_max_mb is not None:
+        _bound_cache(config.cache_dir, args.cache_max_mb, result.notes)
     if os.environ.get("CUDA_AGENT_JUDGE_DEBUG"):
         # CLOCK_MONOTONIC is one clock for every process on the host: a caller that noted when it started
         # this judge, and when it saw it exit, learns the start-up and exit costs around these two.

@@ -64,6 +64,11 @@ class ProfileSettings(BaseModel):
     host_gap_per_kernel_ms: float = Field(default=0.025, ge=0)
     l2_flush_bytes: int = Field(default=256 << 20, ge=0)
     cpu_thrash_bytes: int = Field(default=32 << 20, ge=0)
+    # Timed calls whose outputs are compared with references (a secret sample, the last call included);
+    # every timed trial gets fresh input values. A candidate wrong on half the calls escapes 0.5**8.
+    checked_calls: int = Field(default=8, ge=1)
+    # A time implying more than this multiple of the device's bandwidth or peak FLOP/s: implausible-speed.
+    plausibility_slack: float = Field(default=1.05, ge=1.0)
 
 
 class OpPolicy(BaseModel):
@@ -108,14 +113,16 @@ class OpPolicy(BaseModel):
     # fmt: off
     libraries: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: {
-            "cublas": (
-                r"gemm", r"gemv", r"cublas", r"splitKreduce", r"\bdot_kernel", r"\breduce_1Block_kernel",
-                r"\bscal_kernel", r"\baxpy_kernel", r"cutlass", r"xmma", r"\bsm\d+_",
-            ),
+            # Checked in this order: cuDNN's names first (its convolutions are implicit GEMMs too). Seen
+            # on the H200: sm80_xmma_fprop_implicit_gemm_..._cudnn, sm80_xmma_gemm_..._cublas.
             "cudnn": (
-                r"cudnn", r"convolve", r"conv\w*kernel", r"fprop", r"winograd", r"\bfft", r"implicit_gemm",
-                r"nchwToNhwc", r"nhwcToNchw", r"xmma", r"cutlass", r"\bsm\d+_", r"flip_filter",
-                r"op_generic_tensor_kernel", r"scalePackedTensor", r"genericConv",
+                r"cudnn", r"fprop", r"dgrad", r"wgrad", r"convolve", r"conv\w*kernel", r"winograd", r"\bfft",
+                r"implicit_gemm", r"nchwToNhwc", r"nhwcToNchw", r"flip_filter", r"op_generic_tensor_kernel",
+                r"scalePackedTensor", r"genericConv",
+            ),
+            "cublas": (
+                r"cublas", r"gemm", r"gemv", r"splitKreduce", r"\bdot_kernel", r"\breduce_1Block_kernel",
+                r"\bscal_kernel", r"\baxpy_kernel", r"cutlass", r"xmma", r"\bsm\d+_",
             ),
         }
     )
@@ -171,6 +178,26 @@ class PhaseSeconds(BaseModel):
     profile: float = 0.0
 
 
+class Roofline(BaseModel):
+    """The candidate's time against the physics of the device (judge/plausibility.py): the minimum bytes
+    that must cross device memory and the matmul FLOPs the task's ops need, and the fraction of the
+    device's measured bandwidth / peak FLOP/s its time implies. Null where not known."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_bytes: int | None = None
+    min_flops: float | None = None
+    # Measured copy bandwidth (read + write) and peak matmul FLOP/s of this device, from the judge's cache.
+    device_bandwidth_gbs: float | None = None
+    device_tflops: float | None = None
+    candidate_gbs: float | None = None
+    bandwidth_fraction: float | None = None
+    flops_fraction: float | None = None
+    eager_bandwidth_fraction: float | None = None
+    # Whether an implied speed above the limits is a violation here (GPU) or only reported (CPU).
+    enforced: bool = False
+
+
 class JudgeResult(BaseModel):
     """The judge's verdict; `--json` prints exactly this object (keys per docs/judge.md)."""
 
@@ -205,6 +232,7 @@ class JudgeResult(BaseModel):
     isolation: dict[str, str] = Field(default_factory=dict)
     # Where the wall time went, step by step (orchestrator clock; `worker.*` as the worker reported it).
     steps_s: dict[str, float] = Field(default_factory=dict)
+    roofline: Roofline = Field(default_factory=Roofline)
     notes: list[str] = Field(default_factory=list)
 
 

@@ -173,3 +173,23 @@ def timing_violations(result: dict[str, Any], settings: ProfileSettings) -> tupl
             "work hidden from the device timer"
         ], notes
     return [], notes
+
+
+def static_compute_ops(policy: OpPolicy) -> frozenset[str]:
+    """aten ops (base names) that `torch::op(...)` / `at::op(...)` in extension code would run as
+    forbidden compute: every aten op outside both allowlists that has kernels of its own. Composite ops
+    (einsum, which decomposes into allowed GEMMs) are left to the run-time recording, which sees what
+    they decompose into."""
+    import torch  # the orchestrator has torch loaded already; this module stays importable without it
+
+    has_kernel: Any = torch._C._dispatch_has_kernel_for_dispatch_key
+    composite: set[str] = set()
+    names: set[str] = set()
+    for full in torch._C._dispatch_get_all_op_names():
+        namespace, base = _base(full)
+        if namespace != "aten" or base in policy.anywhere or base in policy.in_extension:
+            continue
+        names.add(base)
+        if has_kernel(full, "CompositeImplicitAutograd"):
+            composite.add(base)
+    return frozenset(names - composite)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ast
 import itertools
+import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # Top-level modules a candidate may import; anything else is `static.import` unless a specific code applies.
 ALLOWED_IMPORTS = frozenset(
@@ -452,8 +454,22 @@ FORBIDDEN_SYSTEM_HEADERS = re.compile(
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]*)[>"]', re.MULTILINE)
 
 
-def screen_cpp(source: str, filename: str) -> list[str]:
-    """Violations in one C/C++/CUDA source (comments and string contents do not count)."""
+# The judge's own files that a workspace includes; its copies sit at the workspace root (build.py).
+FROZEN_FILES = ("binding.cpp", "binding_registry.h")
+
+
+def _include_inside(root: Path, filename: str, path: str) -> bool:
+    """A relative `..` include that stays inside the candidate directory and names a file there (or the
+    judge's frozen header at the root): `#include "../binding_registry.h"` from kernels/."""
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(filename), path))
+    if target.startswith(("../", "/")) or target == "..":
+        return False
+    return target in FROZEN_FILES or (root / target).is_file()
+
+
+def screen_cpp(source: str, filename: str, root: Path | None = None) -> list[str]:
+    """Violations in one C/C++/CUDA source (comments and string contents do not count). With `root`,
+    `filename` is relative to the candidate directory and includes that stay inside it are allowed."""
     code, strings = strip_cpp(source)
     findings: list[str] = []
 
@@ -469,7 +485,10 @@ def screen_cpp(source: str, filename: str) -> list[str]:
     for match in INCLUDE.finditer(uncommented.replace("\x00", '"')):
         kind, path = match.group(1), match.group(2)
         lineno = line_of(match.start())
-        if path.startswith("/") or ".." in path.split("/"):
+        if path.startswith("/") or (
+            ".." in path.split("/")
+            and not (kind == '"' and root is not None and _include_inside(root, filename, path))
+        ):
             findings.append(
                 f"static.judge-access: #include {path!r} outside the candidate dir at {filename}:{lineno}"
             )
@@ -558,3 +577,326 @@ def screen_flags(kind: str, flags: Sequence[str], where: str) -> list[str]:
             findings.append(f"static.cpp: {kind} flag {flag!r} is not allowed in {where}")
         i += 1
     return findings
+
+
+# --- pre-build checks: what a static look can tell before any compiler runs --------------------------------
+#
+# A renamed ModelNew, a call of an extension function nobody binds, or `torch::sigmoid` in the extension
+# used to surface only after the build and the candidate's import (30-60 s on two cores). These checks
+# find them in the sources; each finding is either an error (the candidate cannot work: reported like a
+# failed build) or a `torch-compute` violation, and always says it was found before the build.
+
+CPP_SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c")
+HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".inl", ".inc", ".hxx")
+_NAMESPACE_CALL = re.compile(r"\b(?:torch|at)\s*::\s*([a-z_][a-z0-9_]*)\s*\(")
+_FUNCTION_END = re.compile(
+    r"\)\s*(?:const\s*|noexcept\s*|override\s*|final\s*|mutable\s*|->\s*[\w:<>,\s*&]+)*$"
+)
+_IDENT_BEFORE = re.compile(r"([A-Za-z_]\w*)\s*$")
+_DEF_CALL = re.compile(r"\.\s*def\s*\(\s*\"(\w+)\"\s*,\s*(&?\s*[A-Za-z_][\w:]*|\[)")
+_REGISTER = re.compile(r"\bREGISTER_BINDING\s*\(\s*([A-Za-z_]\w*)\s*,")
+
+
+@dataclass
+class PrecheckResult:
+    """What the pre-build checks found: `errors` stop the run like a failed build, `violations` are
+    `torch-compute` findings."""
+
+    errors: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+
+def _strip_comments(source: str) -> str:
+    """Comments removed, string literals kept (pybind11 names live in them)."""
+    code, _ = strip_cpp(source.replace('"', "\x00"))
+    return code.replace("\x00", '"')
+
+
+def _matching(code: str, start: int, open_char: str, close_char: str) -> int:
+    """Index just past the bracket that closes the one at `start` (len(code) when unbalanced)."""
+    depth = 0
+    for i in range(start, len(code)):
+        if code[i] == open_char:
+            depth += 1
+        elif code[i] == close_char:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(code)
+
+
+def _backward_paren(code: str, close: int) -> int:
+    depth = 0
+    for i in range(close, -1, -1):
+        if code[i] == ")":
+            depth += 1
+        elif code[i] == "(":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def cpp_functions(code: str) -> dict[str, str]:
+    """Function name -> bodies (overloads concatenated) of the top-level and member function definitions
+    in comment-free C++ (a brace opened right after a parameter list's `)`)."""
+    bodies: dict[str, str] = {}
+    i = 0
+    while True:
+        i = code.find("{", i)
+        if i < 0:
+            return bodies
+        head = code[max(0, i - 400) : i]
+        match = _FUNCTION_END.search(head)
+        if match is None:
+            i += 1  # a namespace, class or extern "C" scope: look inside it
+            continue
+        close = max(0, i - 400) + match.start()
+        opening = _backward_paren(code, close)
+        name = _IDENT_BEFORE.search(code[max(0, opening - 200) : opening]) if opening > 0 else None
+        end = _matching(code, i, "{", "}")
+        if name is not None and name.group(1) not in ("if", "for", "while", "switch", "catch", "return"):
+            bodies[name.group(1)] = bodies.get(name.group(1), "") + code[i:end]
+            i = end
+        else:
+            i += 1  # a lambda or a control statement outside any function: look inside it
+    return bodies
+
+
+def cpp_bindings(source: str) -> dict[str, str]:
+    """Python name -> the C++ code it runs: REGISTER_BINDING(name, function), REGISTER_BINDING(name,
+    lambda) with `m.def("py", &fn)` inside, and plain `m.def("py", fn)` (PYBIND11_MODULE). A function is
+    given by name ("=fn"); a lambda by its own text."""
+    code = _strip_comments(source)
+    bound: dict[str, str] = {}
+    for match in _REGISTER.finditer(code):
+        start = code.index("(", match.start())
+        args = code[match.end() : _matching(code, start, "(", ")") - 1].strip()
+        target = args.lstrip("&").strip()
+        if re.fullmatch(r"[A-Za-z_][\w:]*", target):
+            bound[match.group(1)] = "=" + target.split("::")[-1]
+    for match in _DEF_CALL.finditer(code):
+        target = match.group(2)
+        if target == "[":
+            body_start = code.find("{", match.end())
+            bound[match.group(1)] = (
+                code[match.end() : _matching(code, body_start, "{", "}")] if body_start >= 0 else ""
+            )
+        else:
+            bound[match.group(1)] = "=" + target.lstrip("&").strip().split("::")[-1]
+    return bound
+
+
+def forbidden_calls(code: str, compute_ops: frozenset[str]) -> list[tuple[int, str]]:
+    """(offset, op) of `torch::op(` / `at::op(` calls of ops the op policy forbids (comments and strings
+    do not count)."""
+    stripped, _ = strip_cpp(code)
+    return [(m.start(), m.group(1)) for m in _NAMESPACE_CALL.finditer(stripped) if m.group(1) in compute_ops]
+
+
+def reachable_forbidden(root_code: str, functions: dict[str, str], compute_ops: frozenset[str]) -> list[str]:
+    """Forbidden ops in `root_code` or in any function it names, transitively (a name mentioned is a
+    name that may be called: over-approximate, never under)."""
+    seen: set[str] = set()
+    stack = [root_code]
+    found: list[str] = []
+    while stack:
+        code = stack.pop()
+        found += [op for _, op in forbidden_calls(code, compute_ops)]
+        for ident in set(re.findall(r"[A-Za-z_]\w*", strip_cpp(code)[0])):
+            if ident in functions and ident not in seen:
+                seen.add(ident)
+                stack.append(functions[ident])
+    return sorted(set(found))
+
+
+class _ExtensionUses(ast.NodeVisitor):
+    """In model_new.py: the ModelNew definition, the extension modules (`import cuda_extension`, names
+    assigned from load_inline/load calls) and the attributes read from them."""
+
+    def __init__(self) -> None:
+        self.model_new = False
+        self.star_import = False
+        self.inline_calls: list[ast.Call] = []
+        self.ext_names: set[str] = set()
+        self.uses: list[tuple[str, str, int]] = []  # (extension variable, attribute, line)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if node.name == "ModelNew":
+            self.model_new = True
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for alias in node.names:
+            if alias.name == "*":
+                self.star_import = True
+            if (alias.asname or alias.name) == "ModelNew":
+                self.model_new = True
+        self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name == "cuda_extension":
+                self.ext_names.add(alias.asname or alias.name)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Name) and target.id == "ModelNew":
+                self.model_new = True
+            value = node.value
+            if isinstance(value, ast.Call) and _call_name(value) in ("load_inline", "load"):
+                self.inline_calls.append(value)
+                if isinstance(target, ast.Name):
+                    self.ext_names.add(target.id)
+                elif isinstance(target, ast.Attribute):
+                    self.ext_names.add("self." + target.attr)
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        base = node.value
+        if isinstance(base, ast.Name):
+            self.uses.append((base.id, node.attr, node.lineno))
+        elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "self":
+            self.uses.append(("self." + base.attr, node.attr, node.lineno))
+        self.generic_visit(node)
+
+
+def _call_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _literal_strings(node: ast.AST | None) -> list[str] | None:
+    """A string or a list/tuple of strings given literally; None for anything computed."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.List, ast.Tuple)) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+    ):
+        return [str(e.value) for e in node.elts if isinstance(e, ast.Constant)]
+    return None
+
+
+def _module_strings(tree: ast.Module) -> dict[str, str]:
+    """Module-level NAME = "..." string constants (load_inline sources usually live there)."""
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = node.value.value
+    return found
+
+
+def _inline_sources(call: ast.Call, strings: dict[str, str]) -> tuple[list[str], list[str] | None] | None:
+    """(C++/CUDA sources, declared `functions`) of one load_inline call when all are literal or module
+    constants; None when anything is computed (the check is then skipped)."""
+    keywords = {k.arg: k.value for k in call.keywords if k.arg}
+    sources: list[str] = []
+    for key in ("cpp_sources", "cuda_sources"):
+        node = keywords.get(key)
+        if node is None:
+            continue
+        items = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node]
+        for item in items:
+            if isinstance(item, ast.Name) and item.id in strings:
+                sources.append(strings[item.id])
+            elif isinstance(item, ast.Constant) and isinstance(item.value, str):
+                sources.append(item.value)
+            else:
+                return None
+    functions_node = keywords.get("functions")
+    functions = None if functions_node is None else _literal_strings(functions_node)
+    if functions_node is not None and functions is None:
+        return None
+    return sources, functions
+
+
+def precheck_candidate(root: Path, compute_ops: frozenset[str]) -> PrecheckResult:
+    """Pre-build checks of a candidate directory (model_new.py, and kernels/ for a workspace)."""
+    result = PrecheckResult()
+    source = (root / "model_new.py").read_text(errors="replace")
+    try:
+        tree = ast.parse(source, filename="model_new.py")
+    except SyntaxError as exc:
+        result.errors.append(
+            f"model_new.py does not parse: {exc.msg} at line {exc.lineno} (found before the build)"
+        )
+        return result
+    uses = _ExtensionUses()
+    uses.visit(tree)
+    if not uses.model_new and not uses.star_import:
+        result.errors.append("model_new.py defines no ModelNew class (found before the build)")
+    bound: dict[str, str] = {}
+    functions: dict[str, str] = {}
+    kernels = root / "kernels"
+    workspace: set[str] | None = None  # Python names the workspace binds; None: not known
+    if kernels.is_dir():
+        for path in sorted(kernels.iterdir()):
+            if path.is_file() and path.suffix in CPP_SOURCE_SUFFIXES:
+                text = path.read_text(errors="replace")
+                functions.update(cpp_functions(_strip_comments(text)))
+                if path.name.endswith("_binding.cpp"):
+                    bound.update(cpp_bindings(text))
+        workspace = set(bound) or None
+    inline: set[str] | None = set()  # names the load_inline calls bind; None: some are computed
+    strings = _module_strings(tree)
+    for call in uses.inline_calls:
+        parsed = _inline_sources(call, strings)
+        if parsed is None or inline is None:
+            inline = None
+            continue
+        sources, names = parsed
+        for text in sources:
+            functions.update(cpp_functions(_strip_comments(text)))
+        if names is None:
+            found: dict[str, str] = {}
+            for text in sources:
+                found.update(cpp_bindings(text))
+            bound.update(found)
+            inline |= set(found)
+        else:
+            bound.update({n: "=" + n for n in names})
+            inline |= set(names)
+    # Attributes read from an extension module must be functions it defines.
+    for variable, attr, line in uses.uses:
+        if variable not in uses.ext_names or attr.startswith("__"):
+            continue
+        known = workspace if variable == "cuda_extension" else inline
+        if known and attr not in known:
+            result.errors.append(
+                f"model_new.py:{line} calls {variable}.{attr}, but the extension defines no function "
+                f"{attr!r} (it defines: {', '.join(sorted(known))}; found before the build)"
+            )
+    # Forbidden compute reachable from a function model_new.py uses.
+    used = {attr for variable, attr, _ in uses.uses if variable in uses.ext_names}
+    for name in sorted(used & set(bound)):
+        target = bound[name]
+        code = functions.get(target[1:], "") if target.startswith("=") else target
+        for op in reachable_forbidden(code, functions, compute_ops):
+            result.violations.append(
+                f"torch-compute: aten::{op} (torch::{op} / at::{op}) reachable from the extension function "
+                f"{name!r} (found before the build; PyTorch compute is not a custom kernel)"
+            )
+    result.errors = list(dict.fromkeys(result.errors))
+    result.violations = list(dict.fromkeys(result.violations))
+    return result
+
+
+def screen_tree(root: Path) -> list[str]:
+    """Every file of a candidate directory: Python on its AST, C/C++/CUDA on tokens."""
+    local_modules = {p.stem for p in root.glob("*.py")} | {p.name for p in root.iterdir() if p.is_dir()}
+    found: list[str] = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        if path.suffix == ".py":
+            found += screen_python(path.read_text(errors="replace"), rel, local_modules)
+        elif path.suffix in (*CPP_SOURCE_SUFFIXES, *HEADER_SUFFIXES):
+            found += screen_cpp(path.read_text(errors="replace"), rel, root)
+    return found

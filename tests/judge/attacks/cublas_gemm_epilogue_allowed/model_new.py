@@ -1,0 +1,12 @@
+"""Not an attack: cuBLAS SGEMM for the product, the candidate's own kernel for bias + ReLU."""
+import cuda_extension
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features, out_features):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        return cuda_extension.linear_bias_relu(x, self.linear.weight, self.linear.bias)

@@ -1,0 +1,25 @@
+// Torch glue for kernels/axpby.cpp, registered through the workspace-root registry header.
+#include <torch/extension.h>
+
+#include "../binding_registry.h"
+
+extern "C" void axpby_relu(const float* a, const float* x, const float* y, float* out, int64_t n);
+
+static void check(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(), name,
+              ": expected a contiguous float32 CPU tensor");
+}
+
+torch::Tensor axpby_forward(torch::Tensor a, torch::Tensor x, torch::Tensor y) {
+  check(a, "a");
+  check(x, "x");
+  check(y, "y");
+  TORCH_CHECK(a.sizes() == x.sizes() && a.sizes() == y.sizes(), "a, x and y must have one shape");
+  auto out = torch::empty_like(a);
+  axpby_relu(a.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), a.numel());
+  return out;
+}
+
+// Both forms of the release: a function bound under the given name, and a lambda that defines functions.
+REGISTER_BINDING(axpby, axpby_forward);
+REGISTER_BINDING(axpby_lambda, [](pybind11::module& m) { m.def("axpby_checked", &axpby_forward); });
