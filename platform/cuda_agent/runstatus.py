@@ -68,9 +68,9 @@ class KubernetesStatusWriter:
         from kubernetes import client, config  # the operator extra; present in the trainer image
 
         try:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config()
+            config.load_kube_config()  # type: ignore[no-untyped-call]
         self._api = client.CustomObjectsApi()
         self._name, self._namespace = env.run_name, env.run_namespace
 
