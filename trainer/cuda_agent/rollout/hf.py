@@ -87,6 +87,23 @@ class TransformersBackend:
         with self._lock:
             self._caches.pop(session, None)
 
+    async def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy named tensors into the model's parameters and buffers (the trainer's weight sync). Runs on
+        the worker thread, so it never overlaps a generation; cached prefixes are dropped (stale keys)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._load, bucket)
+
+    @torch.no_grad()
+    def _load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        state = self.model.state_dict(keep_vars=True)
+        unknown = [name for name, _ in bucket if name not in state]
+        if unknown:
+            raise KeyError(f"the model has no parameters named {unknown[:5]}")
+        for name, tensor in bucket:
+            state[name].copy_(tensor.to(state[name].device, state[name].dtype))
+        with self._lock:
+            self._caches.clear()
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 

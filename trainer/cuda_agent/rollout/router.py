@@ -1,0 +1,70 @@
+"""Several engines behind one `GenerationBackend`: an episode's first turn goes to the least-loaded
+engine, and every later turn to the same one (its prefix cache holds the episode's context). The
+trainer's weight-update hook fans out to every engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from cuda_agent.rollout.base import Generation, GenerationBackend, SamplingParams
+
+NamedTensors = list[tuple[str, Any]]  # [(parameter name, tensor)], one bucket of a weight update
+
+
+class UpdatableBackend(GenerationBackend, Protocol):
+    async def update_weights(self, bucket: NamedTensors) -> None: ...
+
+
+class RoutedBackend:
+    def __init__(self, engines: Sequence[GenerationBackend]) -> None:
+        if not engines:
+            raise ValueError("no engines to route to")
+        self.engines = list(engines)
+        self.token_exact = all(e.token_exact for e in self.engines)
+        self.in_flight = [0] * len(self.engines)
+        self.sessions = [0] * len(self.engines)  # episodes pinned to each engine
+        self._sticky: dict[str, int] = {}
+
+    def engine_for(self, session: str | None) -> int:
+        """The session's engine, or the least-loaded one (fewest pinned episodes, then fewest requests)."""
+        if session is not None and session in self._sticky:
+            return self._sticky[session]
+        index = min(range(len(self.engines)), key=lambda i: (self.sessions[i], self.in_flight[i], i))
+        if session is not None:
+            self._sticky[session] = index
+            self.sessions[index] += 1
+        return index
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        index = self.engine_for(session)
+        self.in_flight[index] += 1
+        try:
+            return await self.engines[index].generate(prompt_ids, sampling, session=session)
+        finally:
+            self.in_flight[index] -= 1
+
+    async def release(self, session: str) -> None:
+        index = self._sticky.pop(session, None)
+        if index is not None:
+            self.sessions[index] -= 1
+            await self.engines[index].release(session)
+
+    async def update_weights(self, buckets: Iterable[NamedTensors]) -> int:
+        """Load the buckets into every engine, one bucket at a time on all engines at once (bounded
+        memory on the sender). Call it between rollout batches: requests in flight would mix weights.
+        Returns the number of buckets sent."""
+        sent = 0
+        for bucket in buckets:
+            await asyncio.gather(*(_updatable(e).update_weights(bucket) for e in self.engines))
+            sent += 1
+        return sent
+
+
+def _updatable(engine: GenerationBackend) -> UpdatableBackend:
+    if not hasattr(engine, "update_weights"):
+        raise TypeError(f"{type(engine).__name__} has no update_weights hook")
+    return engine  # type: ignore[return-value]

@@ -1,0 +1,136 @@
+"""vLLM engines as Ray actors, for rollouts at scale.
+
+    Engine = ray.remote(num_gpus=1)(VLLMEngine)
+    actors = [Engine.remote(VLLMEngineConfig(model="/models/policy")) for _ in range(4)]
+    backend = RoutedBackend([VLLMActorBackend(a) for a in actors])   # least-loaded, then sticky
+    await backend.update_weights(buckets)                            # the trainer's weight sync
+
+Written against vLLM's public API (`AsyncLLMEngine.from_engine_args`, `generate` with a
+`TokensPrompt`, `SamplingParams(logprobs=0)`, `collective_rpc` into a worker extension that calls the
+model's `load_weights`). vllm is imported lazily, inside the actor: it pins its own (CUDA) torch and is
+installed only in rollout images (the `vllm` extra), never in the CPU test environment.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cuda_agent.rollout.base import FinishReason, Generation, SamplingParams
+
+
+class VLLMEngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="a local directory (weights synced from storage beforehand)")
+    dtype: str = "bfloat16"
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    max_model_len: int = Field(default=131_072, ge=256)
+    enable_prefix_caching: bool = True  # turns of one episode share their prefix: sticky routing pays
+    enforce_eager: bool = False
+    seed: int = 0
+    # Log-probs after temperature (what the sampler drew from), as the transformers backend reports them.
+    logprobs_mode: str = "processed_logprobs"
+    extra: dict[str, Any] = Field(default_factory=dict, description="more AsyncEngineArgs fields")
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's workers (`worker_extension_cls`): loads one bucket of named tensors. The tensors
+    arrive through Ray's object store (CPU); an NCCL broadcast from the trainer can replace this path
+    when trainer and engines share a process group."""
+
+    model_runner: Any
+
+    def load_weight_bucket(self, bucket: list[tuple[str, Any]]) -> int:
+        device = next(self.model_runner.model.parameters()).device
+        self.model_runner.model.load_weights(weights=[(name, t.to(device)) for name, t in bucket])
+        return len(bucket)
+
+
+def _sampling(params: SamplingParams) -> Any:
+    import vllm
+
+    return vllm.SamplingParams(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else -1,
+        max_tokens=params.max_tokens,
+        seed=params.seed,
+        stop_token_ids=list(params.stop_token_ids),
+        logprobs=0,  # the sampled token's log-prob only
+        detokenize=False,  # the loop decodes; token ids are the record
+        skip_special_tokens=False,
+    )
+
+
+class VLLMEngine:
+    """The Ray actor body: one AsyncLLMEngine (one or more GPUs with tensor parallelism)."""
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+        args = AsyncEngineArgs(
+            model=config.model,
+            dtype=config.dtype,
+            tensor_parallel_size=config.tensor_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            max_model_len=config.max_model_len,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enforce_eager=config.enforce_eager,
+            seed=config.seed,
+            logprobs_mode=config.logprobs_mode,
+            worker_extension_cls=f"{__name__}.WeightLoaderExtension",
+            **config.extra,
+        )
+        self.engine = AsyncLLMEngine.from_engine_args(args)
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams
+    ) -> tuple[list[int], list[float], str]:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        request_id = uuid.uuid4().hex
+        async for output in self.engine.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids), _sampling(sampling), request_id
+        ):
+            final = output
+        if final is None or not final.outputs:
+            return [], [], "abort"
+        completion = final.outputs[0]
+        token_ids = list(completion.token_ids)
+        # One dict per generated token, keyed by token id; logprobs=0 puts the sampled token in it.
+        logprobs = [
+            float(step[token].logprob)
+            for token, step in zip(token_ids, completion.logprobs or [], strict=True)
+        ]
+        return token_ids, logprobs, str(completion.finish_reason or "abort")
+
+    async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
+        await self.engine.collective_rpc("load_weight_bucket", args=(bucket,))
+        await self.engine.reset_prefix_cache()  # cached keys were computed with the old weights
+
+
+class VLLMActorBackend:
+    """A `GenerationBackend` over one VLLMEngine Ray actor handle."""
+
+    token_exact = True
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        token_ids, logprobs, finish = await self.actor.generate.remote(prompt_ids, sampling)
+        reason: FinishReason = finish if finish in ("stop", "length") else "abort"
+        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason)
+
+    async def release(self, session: str) -> None:
+        return None  # vLLM's prefix cache evicts on its own
+
+    async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
+        await self.actor.update_weights.remote(bucket)
