@@ -24,7 +24,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -401,6 +401,15 @@ class JudgeRun:
         self.output_digests: dict[str, int] = {}
         self.spares: dict[str, WorkerSession] = {}
         self.max_output_bytes = 1 << 20
+        # Phase events for the person at the terminal (cli.py): made here from this process's own
+        # progress, never from anything the worker says.
+        self.progress: Callable[[dict[str, Any]], None] | None = None
+
+    def emit(self, phase: str, done: int | None = None, total: int | None = None) -> None:
+        if self.progress is not None:
+            with contextlib.suppress(Exception):
+                elapsed = round(time.monotonic() - self.start, 2)
+                self.progress({"phase": phase, "done": done, "total": total, "elapsed_s": elapsed})
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -430,31 +439,29 @@ class JudgeRun:
         return task
 
     def screen(self, workspace: isolation.Workspace) -> list[str]:
+        """Static screen, then the pre-build checks (screen.precheck_candidate): a candidate that cannot
+        work is refused before any compiler runs. The candidate's copies of the frozen files are
+        replaced by the judge's own (at the workspace root, where the CUDA Agent release has them)."""
         root = workspace.candidate
         if not (root / "model_new.py").is_file():
             raise UsageError(f"CANDIDATE {self.cfg.candidate}: no model_new.py")
-        for name in build.FROZEN_FILES:
-            for path in root.rglob(name):
-                path.unlink()
-                self.result.notes.append(
-                    f"candidate's {path.relative_to(root)} ignored: the frozen copy is used"
-                )
-        local_modules = {p.stem for p in root.glob("*.py")} | {p.name for p in root.iterdir() if p.is_dir()}
-        found: list[str] = []
-        for path in sorted(root.rglob("*")):
-            if not path.is_file():
-                continue
-            rel = path.relative_to(root).as_posix()
-            if path.suffix == ".py":
-                found += screen.screen_python(path.read_text(errors="replace"), rel, local_modules)
-            elif path.suffix in (".cu", ".cuh", ".cpp", ".cc", ".cxx", ".c", *build.HEADER_SUFFIXES):
-                found += screen.screen_cpp(path.read_text(errors="replace"), rel)
+        self.result.notes += build.remove_frozen_copies(root)
+        found = screen.screen_tree(root)
+        if not found:
+            pre = screen.precheck_candidate(root, policy.static_compute_ops(self.cfg.ops))
+            found += pre.violations
+            if pre.errors and not found:
+                self.result.error = "; ".join(pre.errors)
+            elif pre.errors:
+                self.result.notes += pre.errors
+        build.install_frozen_files(root)
         return found
 
     def build_candidate(
         self, workspace: isolation.Workspace, toolchain: build.Toolchain
     ) -> tuple[list[build.BuiltExtension], list[build.BuiltExtension]]:
         """(workspace extensions, load_inline artifacts); records compiled/log/violations in the result."""
+        self.emit("build")
         phase_start = time.monotonic()
         deadline = min(phase_start + self.cfg.timeouts.build, self.deadline)
         workspace_exts: list[build.BuiltExtension] = []
@@ -616,7 +623,8 @@ class JudgeRun:
             self.result.violations += ready["violations"]
             if self.result.violations:
                 return False
-            for trial in refs.trials:
+            for done, trial in enumerate(refs.trials):
+                self.emit("verify", done, len(refs.trials))
                 with self.step("trials.worker"):
                     session.send(trial.message(refs.structure, refs.meta, refs.mutates_inputs))
                     report, blobs = session.receive("trial_result", self.result)
@@ -624,6 +632,7 @@ class JudgeRun:
                 with self.step("trials.compare"):
                     if not self.check_trial(trial, report, blobs):
                         return False
+            self.emit("verify", len(refs.trials), len(refs.trials))
             return True
         finally:
             self.result.seconds.verify = time.monotonic() - phase_start
@@ -652,6 +661,9 @@ class JudgeRun:
             custom_ops=self.custom_ops,
             global_kernels=self.global_kernels,
         )
+        for note in policy.library_notes(first, cfg.ops, self.global_kernels):
+            if note not in self.result.notes:
+                self.result.notes.append(note)
         if first.get("profiler_error"):
             self.result.notes.append(f"profiler unavailable in verify: {first['profiler_error']}")
         if os.environ.get("CUDA_AGENT_JUDGE_DEBUG") and trial.index == 1:
@@ -699,6 +711,7 @@ class JudgeRun:
         cfg = self.cfg
         settings = cfg.profile
         phase_start = time.monotonic()
+        self.emit("profile", 0, settings.trials)
         session.enter("profile", cfg.timeouts.profile, self.deadline)
         session.send(
             {
@@ -713,6 +726,7 @@ class JudgeRun:
         )
         try:
             report, blobs = session.receive("profile_result", self.result)
+            self.emit("profile", settings.trials, settings.trials)
         finally:
             self.result.seconds.profile = time.monotonic() - phase_start
         self.add_worker_steps(report)
@@ -784,10 +798,11 @@ class JudgeRun:
         try:
             # The screen runs first: a candidate it rejects earns -1 in about a second, without
             # reference forwards or a worker it would never get.
+            self.emit("screen")
             with self.step("screen"):
                 res.violations += self.screen(self.workspace)
                 isolation.seal(self.workspace.candidate)
-            if not res.violations:
+            if not res.violations and res.error is None:
                 self.judge_candidate(task, master)
         except RunStopped:
             pass
@@ -901,10 +916,12 @@ def _validated_spec(spec: Any) -> dict[str, Any]:
     return spec
 
 
-def judge(cfg: JudgeConfig) -> JudgeResult:
+def judge(cfg: JudgeConfig, progress: Callable[[dict[str, Any]], None] | None = None) -> JudgeResult:
     """Judge one candidate; raises UsageError / TaskFailure for problems that are not the candidate's.
+    `progress` receives phase events ({"phase", "done", "total", "elapsed_s"}) as the run goes.
     With CUDA_AGENT_JUDGE_DEBUG set, where this process spent the run is appended to the notes."""
     run = JudgeRun(cfg)
+    run.progress = progress
     if not os.environ.get("CUDA_AGENT_JUDGE_DEBUG"):
         return run.execute()
     profiler = cProfile.Profile()
