@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import stat
 import time
 import uuid
@@ -33,6 +32,7 @@ from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.models import Device, JudgeOptions, JudgeResult, JudgeRun, JudgeStage
 from cuda_agent.sandbox.server.procs import end_group, spawn
+from cuda_agent.sandbox.server.workspace_fs import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class JudgeService:
         finally:
             if self.isolation.is_root:
                 await asyncio.to_thread(kill_uid_processes, slot.judge_uid)
-            await asyncio.to_thread(shutil.rmtree, job_dir, True)
+            await asyncio.to_thread(remove_tree, job_dir)
 
     async def _spawn(self, stage: JudgeStage, argv: list[str]) -> JudgeRun:
         proc, exited = await spawn(argv, merge_stderr=False, limit=_STDOUT_LIMIT)
@@ -365,7 +365,7 @@ class JudgeService:
         if candidate.files is None and candidate.workspace is None:
             raise SnapshotError("no candidate given")
         files = (
-            _read_workspace(candidate.workspace)
+            _read_workspace_bounded(candidate.workspace)
             if candidate.workspace is not None
             else {k: v.encode() for k, v in (candidate.files or {}).items()}
         )
@@ -460,6 +460,13 @@ def _is_kernel_source(rel: str) -> bool:
         and not frozen
         and name.endswith((".cu", ".cpp", ".cc", ".cuh", ".h", ".hpp"))
     )
+
+
+def _read_workspace_bounded(workspace: Path) -> dict[str, bytes]:
+    try:
+        return _read_workspace(workspace)
+    except RecursionError:  # os.fwalk recurses once per directory level
+        raise SnapshotError("workspace nested too deeply to judge; remove the deep directories") from None
 
 
 def _read_workspace(workspace: Path) -> dict[str, bytes]:

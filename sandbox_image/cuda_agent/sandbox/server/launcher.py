@@ -91,19 +91,12 @@ def _become_pid_namespace_init() -> None:
     pid = os.fork()
     if pid == 0:
         return
-    import signal  # only the waiting parent needs it
-
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
+    _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # die of the same signal (SIG_DFL first: Python handles SIGINT, ignores SIGPIPE)
+        _libc.signal(-code, 0)
         os.kill(os.getpid(), -code)
-    os._exit(code & 0xFF if code >= 0 else 128 - code)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 def _mask_paths(masks: list[dict[str, Any]], hide: list[str], new_proc: bool) -> None:

@@ -152,6 +152,7 @@ class BackgroundJob:
     pending: bytearray = field(default_factory=bytearray)
     dropped: int = 0
     killed: bool = False
+    finished: bool = False
     pump: asyncio.Task[None] | None = None
 
     def feed(self, chunk: bytes) -> None:
@@ -177,6 +178,9 @@ class BackgroundJob:
         return text, dropped
 
     def kill(self) -> None:
+        if self.finished:
+            # Its group is gone and its id free: killpg could now hit a newer command (pid reuse).
+            return
         if self.proc.returncode is None:
             self.killed = True
         kill_group(self.proc.pid)
@@ -194,3 +198,4 @@ async def _finish(job: BackgroundJob, stream: asyncio.StreamReader) -> None:
     # The pipe stays open while any process of the group lives, so wait for both ends.
     await _pump(stream, job)
     await job.proc.wait()
+    job.finished = True

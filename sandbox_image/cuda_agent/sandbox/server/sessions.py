@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import sys
 import time
 import uuid
@@ -49,9 +48,10 @@ from cuda_agent.sandbox.server.models import (
     TodoItem,
 )
 from cuda_agent.sandbox.server.procs import BackgroundJob
-from cuda_agent.sandbox.server.workspace_fs import WorkspaceFS, disk_usage
+from cuda_agent.sandbox.server.workspace_fs import WorkspaceFS, disk_usage, remove_tree
 
 log = logging.getLogger(__name__)
+MAX_CHANNEL_CLIENTS = 8  # judge channel connections of one session at once
 
 SKILL_TEMPLATE = Path(__file__).resolve().parents[1] / "skill" / "SKILL.md"
 ENTRYPOINT = Path(__file__).with_name("entrypoint.py")
@@ -94,6 +94,7 @@ class Session:
     judge_runs: int = 0
     judge_task: asyncio.Task[JudgeRun] | None = None
     channel: asyncio.AbstractServer | None = None
+    channel_clients: int = 0
     closing: bool = False
 
     @property
@@ -168,7 +169,7 @@ class SessionManager:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
         for stale in self.root.iterdir():
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_tree(stale)
 
     async def create(self, req: CreateSessionRequest, task_source: str) -> Session:
         if req.device == "cuda" and self.gpus == 0:
@@ -376,6 +377,12 @@ class SessionManager:
         self, session: Session, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """One request per connection from the session's compile/verify/profile commands."""
+        if session.channel_clients >= MAX_CHANNEL_CLIENTS:
+            # A flood of connections would hold the server's descriptors (shared by every session):
+            # beyond a few per session, a connection is closed at once.
+            writer.close()
+            return
+        session.channel_clients += 1
         try:
             line = await asyncio.wait_for(reader.readline(), 10)
             try:
@@ -406,6 +413,7 @@ class SessionManager:
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             pass
         finally:
+            session.channel_clients -= 1
             writer.close()
 
     # ------------------------------------------------------------------ workspace
@@ -476,7 +484,7 @@ class SessionManager:
         for name in (*SCRATCH_DIRS, "scratch"):
             if os.path.ismount(directory / name):
                 self._libc.umount2(bytes(directory / name), MNT_DETACH)
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_tree(directory)
 
     def _seed(self, session: Session) -> None:
         """model.py, SKILL.md, the frozen binding files, and the judge entry points on PATH."""

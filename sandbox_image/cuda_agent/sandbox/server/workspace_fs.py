@@ -14,6 +14,7 @@ import errno
 import os
 import posixpath
 import stat
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -268,6 +269,19 @@ def disk_usage(roots: list[Path], max_inodes: int) -> Usage:
             for open_fd, _ in stack:
                 os.close(open_fd)
     return Usage(total, inodes, complete=True)
+
+
+def remove_tree(path: Path) -> None:
+    """`rm -rf` of a tree the agent shaped: shutil.rmtree recurses in Python (RecursionError at ~1,000
+    levels, leaving the tree behind), while GNU rm walks any depth and never follows a symlink. Without
+    root, directories made unreadable (chmod 000) are opened up first: they belong to our own uid then."""
+    if not os.path.lexists(path):
+        return
+    steps = [["rm", "-rf", "--one-file-system", "--", str(path)]]
+    if os.geteuid() != 0:
+        steps.insert(0, ["chmod", "-R", "u+rwx", "--", str(path)])
+    for argv in steps:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False, timeout=600)
 
 
 def _tool_error(exc: OSError, where: str) -> ToolError:
