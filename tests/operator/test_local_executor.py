@@ -41,12 +41,25 @@ def local_run(name: str) -> dict[str, Any]:
 def start_local_operator(factory: Callable[..., OperatorProcess], run_dir: Path) -> OperatorProcess:
     return factory(
         "--executor", "local", "--run-dir", str(run_dir), "--restart-backoff", "0.2",
+        "--suspend-checkpoint-timeout", "1",
         "--trainer-command", f"{sys.executable} {STANDIN} -f {{run_yaml}}",
     )  # fmt: skip
 
 
 def status(ns: Namespace, name: str) -> dict[str, Any]:
     return dict((ns.get_or_none("trainingrun", name) or {}).get("status") or {})
+
+
+def trainer_pid(run_dir: Path) -> int:
+    """The stand-in trainer's pid (0 while the file is being written)."""
+    text = (run_dir / "standin.pid").read_text().strip()
+    return int(text) if text else 0
+
+
+def serving_pid(run_dir: Path) -> int:
+    """The pid of the sandbox server that started last (its "serving" line in the run's sandbox.log)."""
+    lines = (run_dir / "sandbox.log").read_text().splitlines()
+    return int(json.loads([line for line in lines if '"serving"' in line][-1])["pid"])
 
 
 def alive(pid: int) -> bool:
@@ -57,7 +70,7 @@ def alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
-def test_local_run_reports_progress_and_stops_on_deletion(
+def test_local_run_reports_progress_suspends_resumes_and_stops_on_deletion(
     namespace: Namespace, operator_factory: Callable[..., OperatorProcess], tmp_path: Path
 ) -> None:
     namespace.apply(pool_manifest("pool", 1))
@@ -70,17 +83,26 @@ def test_local_run_reports_progress_and_stops_on_deletion(
     run_dir = tmp_path / "runs" / namespace.name / "learn"
     assert status(namespace, "learn")["metrics"] == {"meanReward": 2.0, "passRate": 0.75}
     assert "stand-in trainer: step 3" in (run_dir / "trainer.log").read_text()
-    log = (run_dir / "sandbox.log").read_text().splitlines()
-    serving = json.loads(next(line for line in log if '"serving"' in line))
     configmap = namespace.get("configmap", "learn-config")
     assert (run_dir / "run.yaml").read_text() == configmap["data"]["run.yaml"]
-    pid, sandbox_pid = int((run_dir / "standin.pid").read_text()), int(serving["pid"])
+    pid, sandbox_pid = trainer_pid(run_dir), serving_pid(run_dir)
     assert alive(pid) and alive(sandbox_pid)
     assert namespace.items("pods", "-l", "cuda-agent.io/training-run=learn") == []  # no pods in this mode
 
+    # Suspension stops both processes (the stand-in writes no checkpoint: the timeout lets it go);
+    # resuming starts a new trainer, which reports again.
+    namespace.kubectl("patch", "trainingrun", "learn", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for(lambda: status(namespace, "learn").get("phase") == "Suspended", "phase Suspended")
+    wait_for(lambda: not alive(pid) and not alive(sandbox_pid), "both processes to stop on suspension")
+    namespace.kubectl("patch", "trainingrun", "learn", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_for(lambda: trainer_pid(run_dir) != pid, "a new trainer after resuming")
+    wait_for(lambda: status(namespace, "learn").get("phase") == "Running", "phase Running again")
+    pid, sandbox_pid = trainer_pid(run_dir), serving_pid(run_dir)
+    assert alive(pid) and alive(sandbox_pid)
+
     namespace.kubectl("delete", "trainingrun", "learn", "--wait=true")
     wait_for(lambda: not alive(pid), "the trainer to stop after the run's deletion", timeout=60)
-    wait_for(lambda: not alive(sandbox_pid), "the sandbox server to stop", timeout=60)
+    wait_for(lambda: not alive(sandbox_pid), "the sandbox server to stop after the run's deletion")
 
 
 def test_crashing_trainer_fails_the_run_with_its_exit_reason_and_a_finished_one_succeeds(

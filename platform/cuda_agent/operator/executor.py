@@ -43,6 +43,7 @@ class Compute:
     ready_message: str
     driver: DriverState  # the trainer process
     driver_message: str
+    starting_reason: str = "StartingRayCluster"  # Provisioning's reason while `ready` is False
 
 
 class RunExecutor(Protocol):

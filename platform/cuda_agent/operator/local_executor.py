@@ -51,6 +51,7 @@ MAX_BACKOFF_SECONDS = 60.0
 TOKEN_SECONDS = 24 * 3600
 HEALTH_POLL_SECONDS = 0.5
 PR_SET_PDEATHSIG = 1
+STARTING = "StartingSandboxServer"  # Provisioning's reason until the local sandbox server answers
 UID_BASE, UID_RANGES = 200_000, 10_000
 
 
@@ -201,7 +202,9 @@ class LocalExecutor:
     async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute:
         local = self.runs.get((run.namespace, run.name))
         if local is None or local.sandbox is None:
-            return Compute(False, False, "local sandbox server not started", "absent", "trainer not started")
+            return Compute(
+                False, False, "local sandbox server not started", "absent", "trainer not started", STARTING
+            )
         sandbox, trainer = local.sandbox, local.trainer
         exists = sandbox.state not in ("stopped", "failed") or (
             trainer is not None and trainer.state in ("running", "backoff")
@@ -214,7 +217,7 @@ class LocalExecutor:
                 f" (last {sandbox.last_exit}; log {sandbox.log_path})" if sandbox.last_exit else ""
             )
         driver, driver_message = trainer_state(trainer)
-        return Compute(exists, ready, ready_message, driver, driver_message)
+        return Compute(exists, ready, ready_message, driver, driver_message, STARTING)
 
     async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
         """The sandbox server, then (once it answers) the trainer."""

@@ -52,6 +52,7 @@ class RunState:
     driver_message: str
     step: int | None
     steps: int
+    starting_reason: str = "StartingRayCluster"  # the executor's word for "platform not up yet"
 
 
 def decide_conditions(state: RunState) -> tuple[RunPhase, list[Condition]]:
@@ -69,7 +70,7 @@ def decide_conditions(state: RunState) -> tuple[RunPhase, list[Condition]]:
     elif succeeded or failed or suspended or running:
         provisioning = Condition(RunCondition.PROVISIONING, False, "Provisioned", "")
     elif not state.ray_ready:
-        provisioning = Condition(RunCondition.PROVISIONING, True, "StartingRayCluster", state.ray_message)
+        provisioning = Condition(RunCondition.PROVISIONING, True, state.starting_reason, state.ray_message)
     else:
         provisioning = Condition(RunCondition.PROVISIONING, True, "StartingDriver", state.driver_message)
     conditions = [
@@ -243,7 +244,7 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     )
     state = RunState(
         blocked, suspend, suspend_message, compute.ready, compute.ready_message, driver,
-        compute.driver_message, previous.get("step"), spec.algorithm.steps,
+        compute.driver_message, previous.get("step"), spec.algorithm.steps, compute.starting_reason,
     )  # fmt: skip
     await _write_status(context, body, ref, state, generation, now)
     if errors:
