@@ -8,6 +8,7 @@ gives its own kernel a unique token so that what it asserts about misses and hit
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import uuid
 from pathlib import Path
@@ -135,3 +136,74 @@ def test_cache_keys_do_not_depend_on_where_the_venv_lives() -> None:
     assert here.key(flags) != here.key(["-isystem", "/other/include", "-O1"])
     other_torch = dataclasses.replace(here, torch_version="0.0.0")
     assert other_torch.tag != here.tag
+
+
+def test_vendor_libraries_are_found_where_torch_keeps_them(tmp_path: Path) -> None:
+    """pip wheels ship only versioned libraries (libcudnn.so.9): the link names that file exactly."""
+    site = tmp_path / "site"
+    for sub, header, lib in (
+        ("cudnn", "cudnn.h", "libcudnn.so.9"),
+        ("cu13", "cublas_v2.h", "libcublas.so.13"),
+    ):
+        (site / "nvidia" / sub / "include").mkdir(parents=True)
+        (site / "nvidia" / sub / "lib").mkdir(parents=True)
+        (site / "nvidia" / sub / "include" / header).write_text("")
+        (site / "nvidia" / sub / "lib" / lib).write_text("")
+    toolkit = tmp_path / "cuda"
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "lib64").mkdir()
+    (toolkit / "include" / "cublasLt.h").write_text("")
+    (toolkit / "lib64" / "libcublasLt.so").write_text("")
+    found = {lib.name: lib for lib in build.find_vendor_libraries(str(site), str(toolkit))}
+    assert found["cudnn"].link == "-l:libcudnn.so.9"
+    assert found["cudnn"].include_dir == str(site / "nvidia" / "cudnn" / "include")
+    assert found["cublas"].link == "-l:libcublas.so.13"
+    assert found["cublasLt"].link == "-lcublasLt" and found["cublasLt"].lib_dir == str(toolkit / "lib64")
+    toolchain = dataclasses.replace(build.detect_toolchain("cpu"), vendor=tuple(found.values()))
+    assert toolchain.link_args(["cudnn"]) == [
+        "-L",
+        str(site / "nvidia" / "cudnn" / "lib"),
+        "-l:libcudnn.so.9",
+    ]
+    # A workspace links what its sources include; a load_inline spec's -lcudnn points at torch's copy.
+    texts = ["#include <cudnn.h>\n", '#include "cublasLt.h"\n']
+    assert build.vendor_libraries_used(texts) == ["cudnn", "cublasLt", "cublas"]
+    spec = {"extra_ldflags": ["-lcudnn", "-lm"], "units": [{"code": "#include <cublas_v2.h>\n"}]}
+    assert build._spec_ldflags(spec, toolchain) == [
+        "-lm",
+        *toolchain.link_args(["cublas"]),
+        *toolchain.link_args(["cudnn"]),
+    ]
+    # CPU toolchains carry no vendor libraries and keep their cache keys.
+    cpu = build.detect_toolchain("cpu")
+    assert cpu.vendor == () and dataclasses.replace(cpu, vendor=()).tag == cpu.tag != toolchain.tag
+
+
+def test_published_entries_never_change(tmp_path: Path) -> None:
+    """First writer wins: a second build of the same unit (nvcc output differs byte for byte) is dropped."""
+    cache = build.BuildCache(tmp_path / "cache")
+    final = cache.obj("ab" + "0" * 62)
+    for content in (b"first", b"second"):
+        produced = cache.scratch() / "unit.o"
+        produced.write_bytes(content)
+        cache.publish(produced, final)
+        assert not produced.exists()
+    assert final.read_bytes() == b"first"
+
+
+def test_cache_cap_evicts_least_recently_used_idle_entries(tmp_path: Path) -> None:
+    cache = build.BuildCache(tmp_path / "cache")
+    now = time.time()
+    entries = []
+    for i, age in enumerate((7200, 5400, 10)):  # seconds since last use
+        path = cache.obj(f"{i:02d}" + "0" * 62)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (now - age, now - age))
+        entries.append(path)
+    removed, left = cache.evict(max_bytes=1500, min_idle_s=3600)
+    # the oldest goes first; the one used 10 s ago stays even though the cap is not met yet
+    assert (removed, left) == (2000, 1000)
+    assert [p.exists() for p in entries] == [False, False, True]
+    build.BuildCache.touch(entries[2])
+    assert cache.size() == 1000
