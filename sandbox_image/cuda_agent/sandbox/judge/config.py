@@ -86,7 +86,7 @@ class OpPolicy(BaseModel):
             # allocation and constants
             "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like",
             "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones", "new_full", "scalar_tensor",
-            "fill_", "zero_", "resize_", "lift_fresh", "lift_fresh_copy",
+            "fill_", "zero_", "resize_", "as_strided_", "lift_fresh", "lift_fresh_copy",
             # views and metadata
             "view", "_unsafe_view", "reshape", "as_strided", "permute", "transpose", "t", "expand",
             "expand_as", "squeeze", "unsqueeze", "select", "slice", "narrow", "split", "split_with_sizes",
