@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("cuda_agent.operator.cli:main", "run the SandboxPool / TrainingRun operator (Kopf)"),
     "judge": ("cuda_agent.sandbox.judge.cli:main", "judge a candidate kernel against a task"),
     "sandbox": ("cuda_agent.sandbox.server.cli:main", "sandbox server: sessions, agent tools, rewards"),
+    "train": ("cuda_agent.trainer.cli:main", "train a policy: cuda-agent train -f run.yaml (TrainingRun)"),
 }
 
 

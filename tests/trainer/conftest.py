@@ -47,15 +47,29 @@ def run_document(tiny_model_dir: Path) -> Callable[..., dict[str, Any]]:
             "model": {"base": str(tiny_model_dir)},
             "dataset": {"uri": "/nonexistent"},
             "sandboxPoolRef": {"name": "pool"},
-            "algorithm": {"steps": 3, "batchSize": 4, "klCoef": 0.05, "actorLearningRate": 1e-3,
-                          "criticLearningRate": 1e-3},
+            "algorithm": {
+                "steps": 3,
+                "batchSize": 4,
+                "klCoef": 0.05,
+                "actorLearningRate": 1e-3,
+                "criticLearningRate": 1e-3,
+            },
             "checkpoint": {"everySteps": 1},
-            "trainer": {"engine": "torch", "precision": "fp32", "microBatchTokens": 96,
-                        "logitsChunkTokens": 16, "useRay": False},
+            "trainer": {
+                "engine": "torch",
+                "precision": "fp32",
+                "microBatchTokens": 96,
+                "logitsChunkTokens": 16,
+                "useRay": False,
+            },
         }
         for key, value in spec.items():
             base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
-        return {"apiVersion": "cuda-agent.io/v1alpha1", "kind": "TrainingRun",
-                "metadata": {"name": "tiny"}, "spec": base}
+        return {
+            "apiVersion": "cuda-agent.io/v1alpha1",
+            "kind": "TrainingRun",
+            "metadata": {"name": "tiny"},
+            "spec": base,
+        }
 
     return make

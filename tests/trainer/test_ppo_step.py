@@ -48,18 +48,27 @@ def make_trajectories(count: int, seed: int = 0) -> list[Trajectory]:
 
 
 def reference_ppo_step(
-    policy_wrapper: Policy, critic: Critic, ref_wrapper: Policy, trajectories: list[Trajectory], spec: TrainingRunSpec
+    policy_wrapper: Policy,
+    critic: Critic,
+    ref_wrapper: Policy,
+    trajectories: list[Trajectory],
+    spec: TrainingRunSpec,
 ) -> None:
     a, t = spec.algorithm, spec.trainer
     rows = []
-    policy, ref = policy_wrapper.lm, ref_wrapper.lm  # plain Hugging Face models: full logits from the model call
+    policy, ref = (
+        policy_wrapper.lm,
+        ref_wrapper.lm,
+    )  # plain Hugging Face models: full logits from the model call
     with torch.no_grad():
         for tr in trajectories:
             ids = torch.tensor([tr.token_ids])
             old = torch.log_softmax(policy(ids).logits.float(), -1)[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
             ref_lp = torch.log_softmax(ref(ids).logits.float(), -1)[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
             values = critic(ids)[0, :-1]
-            rows.append((ids, torch.tensor(tr.loss_mask[1:], dtype=torch.float32), old, ref_lp, values, tr.reward))
+            rows.append(
+                (ids, torch.tensor(tr.loss_mask[1:], dtype=torch.float32), old, ref_lp, values, tr.reward)
+            )
     advantages, returns = [], []
     for _, mask, old, ref_lp, values, reward in rows:
         positions = [j for j in range(len(mask)) if mask[j] == 1]
@@ -79,7 +88,9 @@ def reference_ppo_step(
     total = sum(float(r[1].sum()) for r in rows)
 
     policy.train()
-    opt = torch.optim.AdamW(policy.parameters(), lr=a.actor_learning_rate, betas=(0.9, 0.95), eps=1e-8, weight_decay=0)
+    opt = torch.optim.AdamW(
+        policy.parameters(), lr=a.actor_learning_rate, betas=(0.9, 0.95), eps=1e-8, weight_decay=0
+    )
     loss = torch.zeros(())
     for (ids, mask, old, *_), adv in zip(rows, advantages, strict=True):
         logp = torch.log_softmax(policy(ids).logits.float(), -1)[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
@@ -91,7 +102,9 @@ def reference_ppo_step(
     opt.step()
 
     critic.train()
-    opt = torch.optim.AdamW(critic.parameters(), lr=a.critic_learning_rate, betas=(0.9, 0.95), eps=1e-8, weight_decay=0)
+    opt = torch.optim.AdamW(
+        critic.parameters(), lr=a.critic_learning_rate, betas=(0.9, 0.95), eps=1e-8, weight_decay=0
+    )
     loss = torch.zeros(())
     for (ids, mask, _, _, old_values, _), ret in zip(rows, returns, strict=True):
         v = critic(ids)[0, :-1]
@@ -107,7 +120,9 @@ def full_params(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def reference_result(run_document: Callable[..., dict[str, Any]]) -> tuple[TrainingRunSpec, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+def reference_result(
+    run_document: Callable[..., dict[str, Any]],
+) -> tuple[TrainingRunSpec, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     spec = TrainingRun.model_validate(run_document()).spec
     torch.manual_seed(1)
     policy, critic = build_policy(spec.model, spec.trainer), build_critic(spec.model, spec.trainer)
@@ -126,7 +141,9 @@ def assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], in
     assert moved > len(want) // 2  # the step really changed the weights
 
 
-def roles_step(spec: TrainingRunSpec, initial: dict[str, Any]) -> tuple[PolicyActor, ValueCritic, dict[str, float]]:
+def roles_step(
+    spec: TrainingRunSpec, initial: dict[str, Any]
+) -> tuple[PolicyActor, ValueCritic, dict[str, float]]:
     actor = PolicyActor(spec, torch.device("cpu"), copy.deepcopy(initial["policy"]))
     critic = ValueCritic(spec, torch.device("cpu"), copy.deepcopy(initial["critic"]))
     reference = Reference(spec, torch.device("cpu"), initial["ref"])
@@ -139,8 +156,18 @@ def test_ppo_step_equals_plain_reference(reference_result: Any) -> None:
     actor, critic, metrics = roles_step(spec, initial)
     assert_close(full_params(actor.module), want_policy, initial["policy"])
     assert_close(full_params(critic.engine.module), want_critic, initial["critic"])
-    for key in ("reward", "pass_rate", "entropy", "clip_fraction", "kl", "explained_variance",
-                "response_length", "experience_s", "actor_update_s", "train_tokens_per_s_per_gpu"):
+    for key in (
+        "reward",
+        "pass_rate",
+        "entropy",
+        "clip_fraction",
+        "kl",
+        "explained_variance",
+        "response_length",
+        "experience_s",
+        "actor_update_s",
+        "train_tokens_per_s_per_gpu",
+    ):
         assert key in metrics
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the update
     assert metrics["response_length"] > 0
@@ -149,7 +176,9 @@ def test_ppo_step_equals_plain_reference(reference_result: Any) -> None:
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_deepspeed_zero_stage_equals_plain_reference(stage: int, reference_result: Any) -> None:
     spec, want_policy, want_critic, initial = reference_result
-    spec = spec.model_copy(update={"trainer": spec.trainer.model_copy(update={"engine": "deepspeed", "zero_stage": stage})})
+    spec = spec.model_copy(
+        update={"trainer": spec.trainer.model_copy(update={"engine": "deepspeed", "zero_stage": stage})}
+    )
     actor, critic, _ = roles_step(spec, initial)
     params = list(actor.module.parameters())
     with actor.engine.gathered(params):

@@ -16,7 +16,9 @@ from torch.utils.checkpoint import checkpoint
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _chunk_stats(head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_stats(
+    head: Head, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden).float()
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -50,7 +52,9 @@ def token_logprobs(
     return torch.cat(logps).view(batch, length), torch.cat(entropies).view(batch, length)
 
 
-def nll_sum(hidden: torch.Tensor, head: Head, targets: torch.Tensor, mask: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+def nll_sum(
+    hidden: torch.Tensor, head: Head, targets: torch.Tensor, mask: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor:
     """Summed negative log-likelihood of the masked targets (the RFT loss), chunked like token_logprobs."""
     logp, _ = token_logprobs(hidden, head, targets, chunk_tokens)
     return -(logp * mask).sum()

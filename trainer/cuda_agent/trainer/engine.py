@@ -34,7 +34,12 @@ def init_distributed() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     import deepspeed
 
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    for name, value in (
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ):
         os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
@@ -103,7 +108,7 @@ class TrainEngine:
             self._ds.backward(loss, scale_wrt_gas=False)
             self._ds.step()  # applies the update only at the accumulation boundary
         else:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
 
     def finish(self) -> float:
         """End the optimizer step begun by `start`; returns the gradient norm before clipping."""

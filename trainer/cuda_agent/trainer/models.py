@@ -32,24 +32,24 @@ def local_model_dir(uri: str, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def _load(auto: Any, source: ModelSource, uri: str, spec: TrainerSpec) -> PreTrainedModel:
+def load_pretrained(auto: Any, source: ModelSource, uri: str, spec: TrainerSpec) -> PreTrainedModel:
     directory = local_model_dir(uri)
     dtype = DTYPES[spec.precision]
     if source.random_init:
         config = AutoConfig.from_pretrained(directory)
         torch.manual_seed(spec.seed)
-        model = auto.from_config(config, torch_dtype=dtype, attn_implementation="sdpa")
+        model = auto.from_config(config, dtype=dtype, attn_implementation="sdpa")
     elif source.gguf_file:
-        model = auto.from_pretrained(directory, gguf_file=source.gguf_file, torch_dtype=dtype)
+        model = auto.from_pretrained(directory, gguf_file=source.gguf_file, dtype=dtype)
     else:
-        model = auto.from_pretrained(directory, torch_dtype=dtype, attn_implementation="sdpa")
+        model = auto.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
     return cast(PreTrainedModel, model)
 
 
 def _enable_checkpointing(model: PreTrainedModel, spec: TrainerSpec) -> None:
     if spec.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
 
 
 def backbone_of(model: PreTrainedModel) -> nn.Module:
@@ -77,7 +77,7 @@ class Policy(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = hidden_states(backbone_of(self.lm), input_ids, attention_mask)[:, :-1]
-        head = self.lm.get_output_embeddings()
+        head = self.lm.get_output_embeddings()  # type: ignore[no-untyped-call]
         return token_logprobs(hidden, head, input_ids[:, 1:], self.chunk_tokens)
 
     def hf_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
@@ -86,13 +86,13 @@ class Policy(nn.Module):
 
 
 def build_policy(source: ModelSource, spec: TrainerSpec) -> Policy:
-    model = _load(AutoModelForCausalLM, source, source.base, spec)
+    model = load_pretrained(AutoModelForCausalLM, source, source.base, spec)
     _enable_checkpointing(model, spec)
     return Policy(model, spec.logits_chunk_tokens)
 
 
 def build_reference(source: ModelSource, spec: TrainerSpec) -> Policy:
-    model = _load(AutoModelForCausalLM, source, source.base, spec)
+    model = load_pretrained(AutoModelForCausalLM, source, source.base, spec)
     model.requires_grad_(False)
     return Policy(model, spec.logits_chunk_tokens).eval()
 
@@ -100,24 +100,29 @@ def build_reference(source: ModelSource, spec: TrainerSpec) -> Policy:
 class Critic(nn.Module):
     """The base LM's decoder with a scalar value head on every position."""
 
-    def __init__(self, backbone: PreTrainedModel, hidden_size: int) -> None:
+    def __init__(self, backbone: PreTrainedModel, hidden_size: int, seed: int = 0) -> None:
         super().__init__()
         self.backbone = backbone
         self.value_head = nn.Linear(hidden_size, 1, dtype=next(backbone.parameters()).dtype)
         # Small initial values: value pretraining fits them; a large random head would swamp early GAE.
-        nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
-        nn.init.zeros_(self.value_head.bias)
+        # Seeded on its own so that two runs of one spec start from the same critic.
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            weight = torch.randn(self.value_head.weight.shape, generator=generator) / (hidden_size + 1)
+            self.value_head.weight.copy_(weight)
+            self.value_head.bias.zero_()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         hidden = hidden_states(self.backbone, input_ids, attention_mask)
-        return self.value_head(hidden).squeeze(-1).float()
+        values: torch.Tensor = self.value_head(hidden).squeeze(-1).float()
+        return values
 
 
 def build_critic(source: ModelSource, spec: TrainerSpec) -> Critic:
     uri = source.critic or source.base
-    backbone = _load(AutoModel, source, uri, spec)
+    backbone = load_pretrained(AutoModel, source, uri, spec)
     _enable_checkpointing(backbone, spec)
-    critic = Critic(backbone, int(backbone.config.hidden_size))
+    critic = Critic(backbone, int(backbone.config.hidden_size), spec.seed)
     head = Path(local_model_dir(uri)) / "value_head.pt"
     if source.critic and head.exists():
         critic.value_head.load_state_dict(torch.load(head, map_location="cpu"))

@@ -23,10 +23,16 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 
 
 def default_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
 
 
-def _micro_batches(episodes: Sequence[Episode], indices: Sequence[int], budget: int, device: torch.device) -> Iterator[MicroBatch]:
+def _micro_batches(
+    episodes: Sequence[Episode], indices: Sequence[int], budget: int, device: torch.device
+) -> Iterator[MicroBatch]:
     lengths = [episodes[i].length for i in indices]
     for group in pack_micro_batches(lengths, budget):
         yield collate(episodes, [indices[g] for g in group], device)
@@ -35,7 +41,9 @@ def _micro_batches(episodes: Sequence[Episode], indices: Sequence[int], budget: 
 class PolicyActor:
     """The policy being trained: old log-probs for the experience, the PPO update, the RFT update."""
 
-    def __init__(self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None) -> None:
+    def __init__(
+        self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None
+    ) -> None:
         self.spec, self.device = spec, device or default_device()
         t = spec.trainer
         module = (model if model is not None else build_policy(spec.model, t)).to(self.device)
@@ -142,7 +150,9 @@ class PolicyActor:
 class ValueCritic:
     """The critic: values for GAE, the clipped value update, value pretraining."""
 
-    def __init__(self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None) -> None:
+    def __init__(
+        self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None
+    ) -> None:
         self.spec, self.device = spec, device or default_device()
         t = spec.trainer
         module = (model if model is not None else build_critic(spec.model, t)).to(self.device)
@@ -190,7 +200,11 @@ class ValueCritic:
                 clipped += float(fraction) * weight
                 tokens += int(weight)
             norm += self.engine.finish() / len(mini_batches)
-        return {"value_loss": total / max(tokens, 1), "value_clip_fraction": clipped / max(tokens, 1), "critic_grad_norm": norm}
+        return {
+            "value_loss": total / max(tokens, 1),
+            "value_clip_fraction": clipped / max(tokens, 1),
+            "critic_grad_norm": norm,
+        }
 
     def save(self, directory: Path) -> None:
         self.engine.save(directory)
@@ -202,9 +216,13 @@ class ValueCritic:
 class Reference:
     """The frozen initial policy; its log-probs give the KL term."""
 
-    def __init__(self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None) -> None:
+    def __init__(
+        self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None
+    ) -> None:
         self.spec, self.device = spec, device or default_device()
-        self.module = (model if model is not None else build_reference(spec.model, spec.trainer)).to(self.device)
+        self.module = (model if model is not None else build_reference(spec.model, spec.trainer)).to(
+            self.device
+        )
         self.module.requires_grad_(False)
         self.module.eval()
 

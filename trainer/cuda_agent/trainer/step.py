@@ -27,6 +27,10 @@ class CriticRole(Protocol):
     def train_values(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]: ...
 
 
+class NllRole(Protocol):
+    def train_nll(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]: ...
+
+
 class ReferenceRole(Protocol):
     def compute_logprobs(self, episodes: list[Episode]) -> list[Episode]: ...
 
@@ -126,3 +130,39 @@ def _merge(episodes: list[Episode], updated: list[Episode], name: str) -> list[E
         setattr(mine, name, getattr(theirs, name))
         mine.extras.update(theirs.extras)
     return episodes
+
+
+def rft_epoch(
+    trajectories: Sequence[Trajectory], actor: NllRole, spec: TrainingRunSpec, epoch_seed: int
+) -> dict[str, float]:
+    """One pass of rejection fine-tuning (token-mean NLL of the policy tokens) over the kept episodes."""
+    clock = time.perf_counter()
+    episodes = [episode_from_trajectory(t) for t in trajectories]
+    parts = mini_batch_split(len(episodes), min(spec.trainer.mini_batches, len(episodes)), epoch_seed)
+    metrics = actor.train_nll(episodes, parts)
+    metrics["actor_update_s"] = time.perf_counter() - clock
+    metrics.update(batch_metrics(episodes))
+    return metrics
+
+
+def value_pretraining_step(
+    trajectories: Sequence[Trajectory], critic: CriticRole, spec: TrainingRunSpec, step_seed: int
+) -> dict[str, float]:
+    """Fit the critic to Monte-Carlo returns (gamma = 1, terminal reward: the reward on every policy
+    token) with the actor frozen; values of this pass anchor the value clipping."""
+    clock = time.perf_counter()
+    episodes = critic.compute_values([episode_from_trajectory(t) for t in trajectories])
+    for e in episodes:
+        e.returns = e.reward * e.mask
+    width = max(e.length for e in episodes) - 1
+    mask = _stacked(episodes, "mask", width)
+    metrics = {
+        "explained_variance": ppo.explained_variance(
+            _stacked(episodes, "values", width), _stacked(episodes, "returns", width), mask
+        )
+    }
+    parts = mini_batch_split(len(episodes), min(spec.trainer.mini_batches, len(episodes)), step_seed)
+    metrics.update(critic.train_values(episodes, parts))
+    metrics["critic_update_s"] = time.perf_counter() - clock
+    metrics.update(batch_metrics(episodes))
+    return metrics

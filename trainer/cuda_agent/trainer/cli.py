@@ -1,0 +1,149 @@
+"""`cuda-agent train -f run.yaml`: the entry point the operator's driver pod (or local executor) runs.
+
+Reads the TrainingRun, the operator <-> trainer environment (cuda_agent.api.run_contract), builds the roles
+(on Ray when spec.trainer.useRay) and the rollout, and trains, resuming from CUDA_AGENT_RESUME_FROM or the
+newest checkpoint under the checkpoint prefix. Exit codes: 0 finished or suspended, 1 failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.api.loader import ResourceError, load_resource
+from cuda_agent.api.run_contract import TrainerEnv, TrainerProgress
+from cuda_agent.api.trainingrun import TrainingRun, TrainingRunPhase
+from cuda_agent.runstatus import StatusWriter, open_status_writer
+
+log = logging.getLogger("cuda_agent.trainer")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cuda-agent train", description=__doc__.splitlines()[0])
+    parser.add_argument("-f", "--file", required=True, type=Path, help="TrainingRun YAML (run.yaml)")
+    parser.add_argument(
+        "--rollout",
+        default="cuda_agent.trainer.rollout:agent_rollout",
+        help="MODULE:FUNCTION returning the rollout for (run, env); default: the agent loop",
+    )
+    return parser
+
+
+def load_run(path: Path) -> TrainingRun:
+    return load_resource(path.read_text(), TrainingRun, source_name=str(path))
+
+
+def checkpoint_prefix(run: TrainingRun, env: TrainerEnv) -> str:
+    """CUDA_AGENT_CHECKPOINT_PREFIX, else spec.checkpoint.prefix, else ./cuda-agent-runs/NAME/checkpoints."""
+    return (
+        env.checkpoint_prefix
+        or run.spec.checkpoint.prefix
+        or str(Path.cwd() / "cuda-agent-runs" / env.run_name / "checkpoints")
+    )
+
+
+def suspend_watch(path: Path, env: TrainerEnv) -> Callable[[], bool]:
+    """spec.suspend as it is now: read from the apiserver in kubernetes mode, else from the run file
+    (which the local executor rewrites)."""
+    if env.status_mode == "kubernetes":
+        from kubernetes import client
+
+        from cuda_agent.api.base import GROUP, VERSION
+
+        api = client.CustomObjectsApi()
+
+        def from_cluster() -> bool:
+            obj: Any = api.get_namespaced_custom_object(
+                GROUP, VERSION, env.run_namespace, TrainingRun.plural, env.run_name
+            )
+            return bool(obj.get("spec", {}).get("suspend", False))
+
+        return from_cluster
+
+    def from_file() -> bool:
+        try:
+            return load_run(path).spec.suspend
+        except (OSError, ResourceError):
+            return False
+
+    return from_file
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        run = load_run(args.file)
+        env = TrainerEnv.from_environ(os.environ, default_run_name=run.metadata.name or "local")
+    except (OSError, ResourceError, ValueError) as exc:
+        print(f"cuda-agent train: {exc}", file=sys.stderr)
+        return 2
+    status = open_status_writer(env)
+    if run.spec.suspend:
+        _write(
+            status,
+            TrainerProgress(
+                phase=TrainingRunPhase.SUSPENDED, step=0, stage="ppo", message="spec.suspend is true"
+            ),
+        )
+        return 0
+    try:
+        return train(run, env, args.file, args.rollout, status)
+    except Exception as exc:
+        log.exception("training failed")
+        _write(
+            status,
+            TrainerProgress(
+                phase=TrainingRunPhase.FAILED,
+                step=0,
+                stage="ppo",
+                message=f"{type(exc).__name__}: {exc}"[:4000],
+            ),
+        )
+        return 1
+
+
+def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, status: StatusWriter) -> int:
+    from cuda_agent.trainer.checkpoint import CheckpointStore
+    from cuda_agent.trainer.data import TaskOrder, load_tasks
+    from cuda_agent.trainer.driver import Stopped, Trainer
+
+    spec = run.spec
+    module_name, _, func_name = rollout_target.partition(":")
+    rollout = getattr(importlib.import_module(module_name), func_name)(run, env)
+    if spec.trainer.use_ray:
+        from cuda_agent.trainer.ray.workers import RayWorkers
+
+        workers = RayWorkers.build(spec, env)
+    else:
+        from cuda_agent.trainer.workers import LocalWorkers
+
+        workers = LocalWorkers.build(spec)
+    trainer = Trainer(
+        run=run,
+        rollout=rollout,
+        workers=workers,
+        status=status,
+        checkpoints=CheckpointStore(checkpoint_prefix(run, env), spec.checkpoint.keep),
+        order=TaskOrder(load_tasks(spec.dataset.uri), spec.trainer.seed),
+        suspend_requested=suspend_watch(path, env),
+        resume_from=env.resume_from,
+    )
+    try:
+        trainer.train()
+    except Stopped:
+        log.info("suspended; last checkpoint %s", trainer.last_checkpoint)
+    return 0
+
+
+def _write(status: StatusWriter, progress: TrainerProgress) -> None:
+    try:
+        status.write(progress)
+    except Exception:
+        log.exception("status write failed")

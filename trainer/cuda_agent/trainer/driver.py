@@ -1,0 +1,300 @@
+"""The trainer's main loop: warm-up stages, then multi-turn PPO, with checkpoints, exact resume,
+suspend and status reports.
+
+Stages run in the paper's order: single-turn PPO at a short context, rejection fine-tuning (RFT) on
+filtered trajectories, critic value pretraining, multi-turn PPO. Each is skipped when disabled, skipped
+when a checkpoint says it is complete, and resumed at its next step otherwise. A step's episode ids and
+tasks are functions of (stage, step), so a step redone after a crash learns from the same tasks, records
+its episodes under the same key, and counts them once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from cuda_agent.agent.trajectory import Trajectory
+from cuda_agent.api.run_contract import TrainerProgress
+from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRun, TrainingRunPhase
+from cuda_agent.runstatus import StatusWriter
+from cuda_agent.storage import join_uri, open_store
+from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
+from cuda_agent.trainer.data import TaskOrder
+from cuda_agent.trainer.rollout import Rollout, RolloutRequest, learnable, rft_filter
+from cuda_agent.trainer.step import (
+    ActorRole,
+    CriticRole,
+    NllRole,
+    ReferenceRole,
+    ppo_step,
+    rft_epoch,
+    value_pretraining_step,
+)
+from cuda_agent.trainer.weight_sync import WeightReceiver
+
+log = logging.getLogger(__name__)
+
+SINGLE_TURN_PPO, RFT, VALUE_PRETRAINING, PPO = "single_turn_ppo", "rft", "value_pretraining", "ppo"
+STAGES = (SINGLE_TURN_PPO, RFT, VALUE_PRETRAINING, PPO)
+
+
+class PolicyWorkers(ActorRole, NllRole, Protocol):
+    pass
+
+
+class Workers(Protocol):
+    """The roles, in this process or on a Ray cluster."""
+
+    actor: PolicyWorkers
+    critic: CriticRole
+    reference: ReferenceRole | None
+    train_gpus: int
+
+    def save(self, root: Path) -> None: ...
+    def load(self, root: Path) -> None: ...
+    def sync_weights(self, receiver: WeightReceiver) -> dict[str, float]: ...
+
+
+class Stopped(Exception):
+    """The run was suspended: a checkpoint is written and the process should exit cleanly."""
+
+
+@dataclass
+class Trainer:
+    run: TrainingRun
+    rollout: Rollout
+    workers: Workers
+    status: StatusWriter
+    checkpoints: CheckpointStore
+    order: TaskOrder
+    suspend_requested: Callable[[], bool] = lambda: False
+    resume_from: str | None = None
+    rft_source: list[Trajectory] | None = None
+
+    def __post_init__(self) -> None:
+        self.spec = self.run.spec
+        self.state = TrainerState()
+        self.last_checkpoint: str | None = None
+
+    # -- the whole run ---------------------------------------------------------------------------
+    def train(self) -> TrainerState:
+        """Run every remaining stage; returns the final state. Raises Stopped when suspended."""
+        self._resume()
+        for stage in STAGES:
+            if not self._enabled(stage) or stage in self.state.completed_stages:
+                continue
+            if self.state.stage != stage:
+                self.state.stage, self.state.stage_step = stage, 0
+            {
+                SINGLE_TURN_PPO: self._ppo_stage,
+                PPO: self._ppo_stage,
+                RFT: self._rft_stage,
+                VALUE_PRETRAINING: self._value_stage,
+            }[stage]()
+            self.state.completed_stages.append(stage)
+            self._checkpoint()
+        self._report(TrainingRunPhase.SUCCEEDED, f"finished {self.state.ppo_step} PPO steps")
+        return self.state
+
+    def _enabled(self, stage: str) -> bool:
+        w = self.spec.warmup
+        return {
+            SINGLE_TURN_PPO: w.single_turn_ppo.enabled,
+            RFT: w.rft.enabled,
+            VALUE_PRETRAINING: w.value_pretraining.enabled,
+            PPO: True,
+        }[stage]
+
+    def _resume(self) -> None:
+        uri = self.resume_from or self.checkpoints.latest()
+        if uri is None:
+            return
+        self.state = load_checkpoint(uri, self.workers.load)
+        self.last_checkpoint = uri
+        # The rollout engines start from the base weights: bring them to the checkpoint's policy.
+        self.workers.sync_weights(self.rollout)
+        log.info("resumed from %s at %s step %d", uri, self.state.stage, self.state.stage_step)
+
+    # -- stages ----------------------------------------------------------------------------------
+    def _ppo_stage(self) -> None:
+        stage = self.state.stage
+        single = stage == SINGLE_TURN_PPO
+        total = self.spec.warmup.single_turn_ppo.steps if single else self.spec.algorithm.steps
+        context = (
+            self.spec.warmup.single_turn_ppo.max_context_tokens
+            if single
+            else self.spec.agent.max_context_tokens
+        )
+        while self.state.stage_step < total:
+            step = self.state.stage_step
+            self._report(self._phase(), f"{stage} step {step + 1}/{total}: rollout")
+            clock = time.perf_counter()
+            trajectories = self._collect(1 if single else self.spec.agent.max_turns_train, context)
+            rollout_s = time.perf_counter() - clock
+            usable = [t for t in trajectories if learnable(t)]
+            metrics = (
+                ppo_step(
+                    usable,
+                    self.workers.actor,
+                    self.workers.critic,
+                    self.workers.reference,
+                    self.spec,
+                    step_seed=self._seed(step),
+                    train_gpus=self.workers.train_gpus,
+                )
+                if usable
+                else {}
+            )
+            metrics.update(self.workers.sync_weights(self.rollout))
+            metrics["rollout_s"] = rollout_s
+            metrics["episodes_dropped"] = float(len(trajectories) - len(usable))
+            self._finish_step(trajectories, metrics, ppo=not single)
+
+    def _rft_stage(self) -> None:
+        rft = self.spec.warmup.rft
+        source = self._rft_source()
+        kept = rft_filter(source, rft.min_reward, rft.max_repeated_turns)
+        log.info("RFT keeps %d of %d trajectories", len(kept), len(source))
+        if not kept:
+            self._report(self._phase(), f"rft: none of {len(source)} trajectories passed the filter; skipped")
+            return
+        while self.state.stage_step < rft.epochs:
+            self._report(
+                self._phase(), f"rft epoch {self.state.stage_step + 1}/{rft.epochs} on {len(kept)} episodes"
+            )
+            metrics = rft_epoch(kept, self.workers.actor, self.spec, self._seed(self.state.stage_step))
+            metrics.update(self.workers.sync_weights(self.rollout))
+            metrics["rft_kept"] = float(len(kept))
+            self._finish_step([], metrics, ppo=False)
+
+    def _value_stage(self) -> None:
+        steps = self.spec.warmup.value_pretraining.steps
+        trajectories = [t for t in self._rft_source() if learnable(t)]
+        while self.state.stage_step < steps:
+            self._report(self._phase(), f"value pretraining step {self.state.stage_step + 1}/{steps}")
+            metrics = value_pretraining_step(
+                trajectories, self.workers.critic, self.spec, self._seed(self.state.stage_step)
+            )
+            self._finish_step([], metrics, ppo=False)
+
+    # -- pieces ----------------------------------------------------------------------------------
+    def _phase(self) -> TrainingRunPhase:
+        return TrainingRunPhase.RUNNING if self.state.stage == PPO else TrainingRunPhase.WARMING_UP
+
+    def _seed(self, step: int) -> int:
+        return self.spec.trainer.seed * 1_000_003 + STAGES.index(self.state.stage) * 100_003 + step
+
+    def _collect(self, max_turns: int, context: int, size: int | None = None) -> list[Trajectory]:
+        stage, step = self.state.stage, self.state.stage_step
+        size = size or self.spec.algorithm.batch_size
+        position = self.state.data_position.get(stage, 0)
+        request = RolloutRequest(
+            stage=stage,
+            step=step,
+            tasks=self.order.batch(position, size),
+            episode_ids=[f"{stage}-{step:06d}-{i:05d}" for i in range(size)],
+            max_turns=max_turns,
+            max_context_tokens=context,
+            seed=self._seed(step) * 10_000,
+        )
+        trajectories = asyncio.run(self.rollout.generate(request))
+        self._record(f"episodes/{stage}/step-{step:06d}.jsonl", trajectories)
+        return trajectories
+
+    def _rft_source(self) -> list[Trajectory]:
+        """The warm-up trajectories: spec.warmup.rft.trajectoriesUri, else one batch of rollouts with the
+        current policy. Recorded once, so value pretraining and a resumed run read the same set."""
+        if self.rft_source is not None:
+            return self.rft_source
+        key = join_uri(self.checkpoints.prefix, "episodes/warmup-source.jsonl")
+        store = open_store(key)
+        if store.exists(key):
+            lines = store.get_bytes(key).decode().splitlines()
+            self.rft_source = [Trajectory.from_json(line) for line in lines if line.strip()]
+            return self.rft_source
+        uri = self.spec.warmup.rft.trajectories_uri
+        if uri:
+            from cuda_agent.agent.records import read_trajectories
+
+            source_store = open_store(uri)
+            if uri.endswith(".jsonl"):
+                lines = source_store.get_bytes(uri).decode().splitlines()
+                self.rft_source = [Trajectory.from_json(line) for line in lines if line.strip()]
+            else:
+                self.rft_source = list(read_trajectories(uri, source_store))
+        else:
+            saved = self.state.stage
+            self.state.stage = RFT
+            self.rft_source = self._collect(
+                self.spec.agent.max_turns_train, self.spec.agent.max_context_tokens
+            )
+            self.state.stage = saved
+        self._record("episodes/warmup-source.jsonl", self.rft_source)
+        return self.rft_source
+
+    def _record(self, relative: str, trajectories: list[Trajectory]) -> None:
+        key = join_uri(self.checkpoints.prefix, relative)
+        open_store(key).put_bytes(key, "".join(t.to_json() + "\n" for t in trajectories).encode())
+
+    def _finish_step(self, trajectories: list[Trajectory], metrics: dict[str, float], ppo: bool) -> None:
+        stage = self.state.stage
+        self.state.stage_step += 1
+        if trajectories:
+            self.state.data_position[stage] = self.state.data_position.get(stage, 0) + len(trajectories)
+            self.state.episodes += len(trajectories)
+        if ppo:
+            self.state.ppo_step += 1
+        self.state.history.append({"stage": stage, "step": self.state.stage_step, **metrics})
+        log.info(
+            "%s step %d: %s",
+            stage,
+            self.state.stage_step,
+            ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
+        )
+        every = self.spec.checkpoint.every_steps
+        if self.state.stage_step % every == 0:
+            self._checkpoint()
+        self._report(self._phase(), f"{stage} step {self.state.stage_step} done", metrics)
+        if self.suspend_requested():
+            if self.state.stage_step % every != 0:
+                self._checkpoint()
+            self._report(TrainingRunPhase.SUSPENDED, f"suspended after {stage} step {self.state.stage_step}")
+            raise Stopped()
+
+    def _checkpoint(self) -> None:
+        self.last_checkpoint = self.checkpoints.save(self.state, self.workers.save)
+        self.state.checkpoints += 1
+
+    def _report(self, phase: TrainingRunPhase, message: str, metrics: dict[str, float] | None = None) -> None:
+        summary = None
+        if metrics and "reward" in metrics:
+            summary = TrainingMetrics(
+                mean_reward=max(-1.0, min(3.0, metrics["reward"])),
+                pass_rate=metrics["pass_rate"],
+                faster_than_compile_rate=metrics["faster_than_compile_rate"],
+            )
+        progress = TrainerProgress(
+            phase=phase,
+            step=self.state.ppo_step,
+            stage=self.state.stage or PPO,
+            metrics=summary,
+            last_checkpoint=self.last_checkpoint,
+            message=message,
+        )
+        try:
+            self.status.write(progress)
+        except Exception:  # a status write must never kill training; the next report retries
+            log.exception("status write failed")
+
+
+def history_value(state: TrainerState, stage: str, step: int, key: str) -> Any:
+    """One metric of one step from a state's history (tests and summaries)."""
+    for entry in state.history:
+        if entry["stage"] == stage and entry["step"] == step:
+            return entry.get(key)
+    return None

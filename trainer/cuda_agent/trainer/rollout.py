@@ -1,0 +1,129 @@
+"""What the trainer asks of rollouts, and the default implementation on the agent loop.
+
+The trainer needs one async call, `generate(request) -> list[Trajectory]`, and a weight hook,
+`update_weights(bucket)`. `AgentRollout` runs the agent loop (cuda_agent.agent) with the transformers
+backend on a copy of the policy and the run's sandbox server; tests inject scripted rollouts with the same
+two methods, and a cluster deployment swaps in vLLM engines behind the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cuda_agent.agent.trajectory import Trajectory
+from cuda_agent.api.run_contract import TrainerEnv
+from cuda_agent.api.trainingrun import TrainingRun
+from cuda_agent.sandbox.api import TaskRef
+from cuda_agent.trainer.weight_sync import NamedTensors, load_bucket
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One batch of episodes: task i runs as episode episode_ids[i] with seed + i."""
+
+    stage: str
+    step: int
+    tasks: list[TaskRef]
+    episode_ids: list[str]
+    max_turns: int
+    max_context_tokens: int
+    seed: int
+
+
+class Rollout(Protocol):
+    async def generate(self, request: RolloutRequest) -> list[Trajectory]: ...
+
+    def update_weights(self, bucket: NamedTensors) -> None: ...
+
+
+class AgentRollout:
+    """The agent loop on the transformers backend (one in-process copy of the policy) and the sandbox
+    server named by CUDA_AGENT_SANDBOX_URL."""
+
+    def __init__(self, run: TrainingRun, env: TrainerEnv) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from cuda_agent.agent.chat import ChatCodec
+        from cuda_agent.agent.tools import openai_tools
+        from cuda_agent.trainer.models import load_pretrained, local_model_dir
+
+        if not env.sandbox_url:
+            raise ValueError("the agent loop needs a sandbox server: set CUDA_AGENT_SANDBOX_URL")
+        spec = run.spec
+        directory = local_model_dir(spec.model.base)
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=spec.model.gguf_file)
+        self.codec = ChatCodec(tokenizer, openai_tools(spec.agent.tools))
+        self.model = load_pretrained(AutoModelForCausalLM, spec.model, spec.model.base, spec.trainer)
+        self.model.train(False)
+        self.sandbox_url = env.sandbox_url
+        self.tools = list(spec.agent.tools)
+
+    async def generate(self, request: RolloutRequest) -> list[Trajectory]:
+        from cuda_agent.agent.config import AgentConfig
+        from cuda_agent.agent.loop import AgentLoop
+        from cuda_agent.rollout.base import SamplingParams
+        from cuda_agent.rollout.hf import TransformersBackend
+        from cuda_agent.sandbox.client import SandboxClient
+
+        config = AgentConfig(
+            tools=self.tools, max_turns=request.max_turns, max_context_tokens=request.max_context_tokens
+        )
+        backend = TransformersBackend(self.model, self.codec.stop_token_ids)
+        try:
+            async with SandboxClient(self.sandbox_url) as sandbox:
+                loop = AgentLoop(backend, sandbox, self.codec, config)
+                runs = [
+                    loop.run(task, SamplingParams(temperature=1.0, seed=request.seed + i), episode_id)
+                    for i, (task, episode_id) in enumerate(
+                        zip(request.tasks, request.episode_ids, strict=True)
+                    )
+                ]
+                return list(await asyncio.gather(*runs))
+        finally:
+            backend.close()
+
+    def update_weights(self, bucket: NamedTensors) -> None:
+        load_bucket(self.model, bucket)
+
+
+def agent_rollout(run: TrainingRun, env: TrainerEnv) -> Rollout:
+    """The default rollout factory of `cuda-agent train` (`--rollout MODULE:FUNCTION` names another)."""
+    return AgentRollout(run, env)
+
+
+def redundant_loop(trajectory: Trajectory, max_repeats: int) -> bool:
+    """True when one generated turn (the same token ids) occurs more than max_repeats times."""
+    counts: dict[tuple[int, ...], int] = {}
+    turn: list[int] = []
+    for token, m in zip([*trajectory.token_ids, -1], [*trajectory.loss_mask, 0], strict=True):
+        if m:
+            turn.append(token)
+        elif turn:
+            key = tuple(turn)
+            counts[key] = counts.get(key, 0) + 1
+            turn = []
+    return any(c > max_repeats for c in counts.values())
+
+
+def learnable(trajectory: Trajectory) -> bool:
+    """Episodes the trainer may learn from: the sandbox or the generator did not fail them."""
+    return trajectory.end not in ("sandbox_error", "generation_error") and any(trajectory.loss_mask)
+
+
+def rft_filter(trajectories: Sequence[Trajectory], min_reward: float, max_repeats: int) -> list[Trajectory]:
+    """The RFT set: positive (>= min_reward) learnable episodes with no invalid tool call and no loop."""
+    return [
+        t
+        for t in trajectories
+        if learnable(t)
+        and t.reward >= min_reward
+        and t.invalid_tool_calls == 0
+        and not redundant_loop(t, max_repeats)
+    ]
+
+
+def describe(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    return {"episodes": len(trajectories), "ends": sorted({t.end for t in trajectories})}
