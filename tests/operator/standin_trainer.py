@@ -5,7 +5,8 @@ the artifacts Secret as environment) and reports progress the way the trainer do
 TrainingRun's status through the API models. It trains nothing.
 
 Behaviour by run name (the operator starts every run with the same command): `crash-*` exits 3 at once;
-`finish-*` reports three steps and exits 0; anything else reports three steps and then waits to be stopped.
+`finish-*` reports three steps and exits 0; anything else reports three steps and then waits, watching
+`spec.suspend` as the trainer does: on suspension it reports a checkpoint and exits 0.
 It writes its pid to `standin.pid` next to run.yaml so the test can see the process end.
 """
 
@@ -17,12 +18,17 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, cast
 
 import yaml
 from kubernetes import client, config
 
 from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRunStatus
+
+
+def run_path(env: TrainerEnv) -> tuple[str, str, str, str, str]:
+    return ("cuda-agent.io", "v1alpha1", env.run_namespace, "trainingruns", env.run_name)
 
 
 def main() -> int:
@@ -46,15 +52,29 @@ def main() -> int:
         status = TrainingRunStatus(
             step=step, metrics=TrainingMetrics(mean_reward=-1.0 + step, pass_rate=step / 4)
         ).model_dump(by_alias=True, exclude_none=True, exclude={"conditions"}, mode="json")
-        api.patch_namespaced_custom_object_status(
-            "cuda-agent.io", "v1alpha1", env.run_namespace, "trainingruns", env.run_name, {"status": status}
-        )
+        api.patch_namespaced_custom_object_status(*run_path(env), {"status": status})
         print(f"stand-in trainer: step {step}", flush=True)
         time.sleep(0.3)
     if env.run_name.startswith("finish-"):
         return 0
-    while True:
-        time.sleep(1)
+    while True:  # like the trainer: watch spec.suspend; on suspension report a checkpoint and exit 0
+        run_now = cast(dict[str, Any], api.get_namespaced_custom_object(*run_path(env)))
+        if run_now.get("spec", {}).get("suspend"):
+            checkpoint = f"{env.checkpoint_prefix}/step-3"
+            status = TrainingRunStatus(last_checkpoint=checkpoint).model_dump(
+                by_alias=True, exclude_none=True, exclude={"conditions"}, mode="json"
+            )
+            api.patch_namespaced_custom_object_status(
+                "cuda-agent.io",
+                "v1alpha1",
+                env.run_namespace,
+                "trainingruns",
+                env.run_name,
+                {"status": status},
+            )
+            print(f"stand-in trainer: suspended at {checkpoint}", flush=True)
+            return 0
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

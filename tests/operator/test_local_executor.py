@@ -41,7 +41,7 @@ def local_run(name: str) -> dict[str, Any]:
 def start_local_operator(factory: Callable[..., OperatorProcess], run_dir: Path) -> OperatorProcess:
     return factory(
         "--executor", "local", "--run-dir", str(run_dir), "--restart-backoff", "0.2",
-        "--suspend-checkpoint-timeout", "1",
+        "--suspend-checkpoint-timeout", "60",
         "--trainer-command", f"{sys.executable} {STANDIN} -f {{run_yaml}}",
     )  # fmt: skip
 
@@ -89,11 +89,14 @@ def test_local_run_reports_progress_suspends_resumes_and_stops_on_deletion(
     assert alive(pid) and alive(sandbox_pid)
     assert namespace.items("pods", "-l", "cuda-agent.io/training-run=learn") == []  # no pods in this mode
 
-    # Suspension stops both processes (the stand-in writes no checkpoint: the timeout lets it go);
-    # resuming starts a new trainer, which reports again.
+    # Suspension: the trainer reports a checkpoint and exits 0, which is not the end of the run; the
+    # sandbox server stops too. Resuming starts a new trainer (from that checkpoint), which reports again.
     namespace.kubectl("patch", "trainingrun", "learn", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     wait_for(lambda: status(namespace, "learn").get("phase") == "Suspended", "phase Suspended")
     wait_for(lambda: not alive(pid) and not alive(sandbox_pid), "both processes to stop on suspension")
+    assert status(namespace, "learn")["lastCheckpoint"] == "s3://checkpoints/local/step-3"
+    suspended = namespace.condition("trainingrun/learn", "Suspended")
+    assert suspended is not None and "resumes from s3://checkpoints/local/step-3" in suspended["message"]
     namespace.kubectl("patch", "trainingrun", "learn", "--type=merge", "-p", '{"spec":{"suspend":false}}')
     wait_for(lambda: trainer_pid(run_dir) != pid, "a new trainer after resuming")
     wait_for(lambda: status(namespace, "learn").get("phase") == "Running", "phase Running again")

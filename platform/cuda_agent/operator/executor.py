@@ -38,7 +38,7 @@ DRIVER_MAX_RESTARTS = 3  # a trainer that crashed this often fails the run
 class Compute:
     """What runs a run's training now, as a reconcile pass sees it."""
 
-    exists: bool  # something holds resources: what suspension and the end remove
+    exists: bool  # something is left to remove (suspension removes even a finished trainer's pod)
     ready: bool  # the trainer's platform is up (Ray cluster; locally the sandbox server)
     ready_message: str
     driver: DriverState  # the trainer process
@@ -55,8 +55,9 @@ class RunExecutor(Protocol):
         """Create what is missing (platform first, then the trainer); returns errors as text."""
         ...
 
-    async def remove(self, context: OperatorContext, run: RunContext) -> None:
-        """Stop everything that holds resources; a finished trainer's record (and logs) stay."""
+    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> None:
+        """Stop everything that holds resources; with `keep_finished` a finished trainer's record (pod,
+        logs) stays, otherwise (suspension) it goes too, so resuming starts a new trainer."""
         ...
 
     def forget(self, namespace: str, name: str) -> None:
@@ -138,7 +139,7 @@ class ClusterExecutor:
         ready, ready_message = ray_state(
             kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec))
         )
-        exists = bool(compute_children(children, pods, keep_driver=_finished(view)))
+        exists = bool(compute_children(children, pods, keep_driver=False))
         return Compute(exists, ready, ready_message, driver, driver_message)
 
     async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
@@ -158,11 +159,12 @@ class ClusterExecutor:
             errors += (await apply_changed(context, [driver_pod(run, spec, kuberay)], children))[1]
         return errors
 
-    async def remove(self, context: OperatorContext, run: RunContext) -> None:
+    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> None:
         key = (lb.RUN_KIND, run.namespace, run.name)
         pods = context.pods_of(key)
         view = next((p for p in pods if p.name == lb.driver_name(run.name) and not p.terminating), None)
-        for ref in compute_children(context.children_of(key), pods, keep_driver=_finished(view)):
+        keep = keep_finished and _finished(view)
+        for ref in compute_children(context.children_of(key), pods, keep_driver=keep):
             await context.kube.delete(Ref(ref.kind, run.namespace, ref.name))
 
     def forget(self, namespace: str, name: str) -> None:

@@ -297,8 +297,8 @@ class LocalExecutor:
             cwd=local.directory,
         )
 
-    async def remove(self, context: OperatorContext, run: RunContext) -> None:
-        await self._stop((run.namespace, run.name), keep_finished=True)
+    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> None:
+        await self._stop((run.namespace, run.name), keep_finished=keep_finished)
 
     async def _stop(self, key: tuple[str, str], keep_finished: bool) -> None:
         local = self.runs.get(key)

@@ -168,10 +168,10 @@ async def _suspend_step(
         }
         await context.kube.merge_patch(Ref.of(body), patch)
         requested, before = now, last
-    if driver != "active":
-        return "suspended", "no trainer was running: scaled to zero", True
     if last and last != before:
         return "suspended", f"checkpoint {last} written: scaled to zero", True
+    if driver != "active":
+        return "suspended", "no trainer was running: scaled to zero", True
     if now - requested >= timedelta(seconds=context.config.suspend_checkpoint_timeout):
         return "suspended", f"no new checkpoint within the timeout: scaled to zero; resumes from {last}", True
     return "checkpointing", "waiting for the trainer's checkpoint before scaling to zero", False
@@ -222,6 +222,8 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     driver = compute.driver
     if terminal and driver == "absent":
         driver = "complete" if is_true(previous.get("conditions"), RunCondition.SUCCEEDED) else "failed"
+    elif spec.suspend and driver == "complete":
+        driver = "absent"  # a trainer exits 0 after its suspension checkpoint: the run is not finished
     suspend, suspend_message, delete_now = None, "", False
     if spec.suspend:
         suspend, suspend_message, delete_now = await _suspend_step(context, body, compute.exists, driver, now)
@@ -231,7 +233,7 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
 
     # 4. Remove compute that must go (suspension, completion), or create what is missing.
     if delete_now or driver in ("complete", "failed"):
-        await executor.remove(context, run)
+        await executor.remove(context, run, keep_finished=not spec.suspend)
     elif not spec.suspend:
         errors += await executor.ensure(context, run, spec)
 
