@@ -145,7 +145,8 @@ def test_evaluate_is_a_stateless_reward_service(server: RunningServer) -> None:
     status, body = _post(server, "/v1/evaluate", {"task": {"source": TASK}, "model_new": "x", "files": {}})
     assert status == 422 and "exactly one of model_new or files" in body["error"]
     status, body = _post(server, "/v1/evaluate", {"task": {"source": TASK}, "files": {"../escape.py": "x"}})
-    assert status == 503 and "leaves the candidate directory" in body["error"]
+    # Refused by validation (422 naming the field), not by the judge's snapshot (which answered 503).
+    assert status == 422 and "files" in body["error"] and "'..'" in body["error"]
 
 
 def test_status_and_metrics_report_sessions_judging_and_cache(server: RunningServer, session_id: str) -> None:

@@ -15,10 +15,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 Device = Literal["cpu", "cuda"]
+# A candidate workspace holds at most this many files: the judge's snapshot refuses more.
+MAX_CANDIDATE_FILES = 5000
+MAX_PATH_CHARS = 4096
+MAX_PATTERN_CHARS = 4096
 JudgeStage = Literal["compile", "verify", "profile"]
 
 
@@ -139,16 +143,43 @@ class SessionJudgeRequest(_Strict):
     stage: JudgeStage = "profile"
 
 
+def candidate_path_problem(path: str) -> str | None:
+    """Why `path` cannot name a file inside a candidate workspace, or None: relative, normalised, no NUL."""
+    if not path or len(path) > MAX_PATH_CHARS:
+        return f"a path must have 1 to {MAX_PATH_CHARS} characters"
+    if "\x00" in path or "\\" in path:
+        return "a path must not contain NUL or backslash"
+    if path.startswith("/"):
+        return "a path must be relative to the workspace"
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "a path must be normalised: no empty, '.' or '..' components"
+    if any(len(part.encode()) > 255 for part in parts):
+        return "a path component must be at most 255 bytes"
+    return None
+
+
 class EvaluateRequest(_Strict):
     """Stateless reward: a task and a candidate, judged once in a fresh workspace."""
 
     task: TaskRef
     model_new: str | None = Field(default=None, description="a model_new.py source (e.g. load_inline)")
     files: dict[str, str] | None = Field(
-        default=None, description="a workspace in the CUDA Agent layout: relative path -> content"
+        default=None,
+        max_length=MAX_CANDIDATE_FILES,
+        description="a workspace in the CUDA Agent layout: relative path -> content",
     )
     device: Device = "cpu"
     judge: JudgeOptions = JudgeOptions()
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, str] | None) -> dict[str, str] | None:
+        for path in files or {}:
+            problem = candidate_path_problem(path)
+            if problem:
+                raise ValueError(f"files[{path[:200]!r}]: {problem}")
+        return files
 
     @model_validator(mode="after")
     def _one_candidate(self) -> EvaluateRequest:
@@ -188,8 +219,12 @@ class BashResult(ToolResult):
 
 
 class BashOutputInput(_Strict):
-    bash_id: str
-    filter: str | None = Field(default=None, description="regex; only matching lines are returned")
+    bash_id: str = Field(max_length=64)
+    filter: str | None = Field(
+        default=None,
+        max_length=MAX_PATTERN_CHARS,
+        description="regex (RE2 syntax: linear time); only matching lines are returned",
+    )
 
 
 class BashOutputResult(ToolResult):
@@ -199,11 +234,11 @@ class BashOutputResult(ToolResult):
 
 
 class KillBashInput(_Strict):
-    bash_id: str = Field(alias="shell_id")
+    bash_id: str = Field(alias="shell_id", max_length=64)
 
 
 class ReadInput(_Strict):
-    file_path: str
+    file_path: str = Field(max_length=MAX_PATH_CHARS)
     offset: int | None = Field(default=None, ge=1, description="first line to read (1-based)")
     limit: int | None = Field(default=None, ge=1, description="number of lines")
 
@@ -213,12 +248,12 @@ class ReadResult(ToolResult):
 
 
 class WriteInput(_Strict):
-    file_path: str
+    file_path: str = Field(max_length=MAX_PATH_CHARS)
     content: str
 
 
 class EditInput(_Strict):
-    file_path: str
+    file_path: str = Field(max_length=MAX_PATH_CHARS)
     old_string: str
     new_string: str
     replace_all: bool = False
@@ -231,8 +266,8 @@ class EditOperation(_Strict):
 
 
 class MultiEditInput(_Strict):
-    file_path: str
-    edits: list[EditOperation] = Field(min_length=1)
+    file_path: str = Field(max_length=MAX_PATH_CHARS)
+    edits: list[EditOperation] = Field(min_length=1, max_length=1000)
 
 
 class EditResult(ToolResult):
@@ -240,8 +275,8 @@ class EditResult(ToolResult):
 
 
 class GlobInput(_Strict):
-    pattern: str = Field(min_length=1)
-    path: str | None = None
+    pattern: str = Field(min_length=1, max_length=MAX_PATTERN_CHARS)
+    path: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
 
 
 class GlobResult(ToolResult):
@@ -249,9 +284,11 @@ class GlobResult(ToolResult):
 
 
 class GrepInput(_Strict):
-    pattern: str
-    path: str | None = None
-    glob: str | None = None
+    pattern: str = Field(
+        max_length=MAX_PATTERN_CHARS, description="regex in RE2 syntax (linear time: no backreferences)"
+    )
+    path: str | None = Field(default=None, max_length=MAX_PATH_CHARS)
+    glob: str | None = Field(default=None, max_length=MAX_PATTERN_CHARS)
     output_mode: Literal["content", "files_with_matches", "count"] = "files_with_matches"
     case_insensitive: bool = Field(default=False, alias="-i")
     line_numbers: bool = Field(default=True, alias="-n")
@@ -267,7 +304,7 @@ class GrepResult(ToolResult):
 
 
 class NotebookEditInput(_Strict):
-    notebook_path: str
+    notebook_path: str = Field(max_length=MAX_PATH_CHARS)
     new_source: str = ""
     cell_id: str | None = None
     cell_type: Literal["code", "markdown"] | None = None
@@ -282,7 +319,7 @@ class TodoItem(_Strict):
 
 
 class TodoWriteInput(_Strict):
-    todos: list[TodoItem]
+    todos: list[TodoItem] = Field(max_length=1000)
 
 
 class TodoWriteResult(ToolResult):

@@ -9,11 +9,12 @@ still serving.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
+import resource
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -36,13 +37,15 @@ from cuda_agent.sandbox.api import (
     SessionList,
     TaskRef,
     ToolList,
+    ToolResult,
 )
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 from cuda_agent.sandbox.server.isolation import Isolation
 from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
 from cuda_agent.sandbox.server.metrics import Metrics
-from cuda_agent.sandbox.server.sessions import CapacityError, SessionManager, UnknownSessionError
-from cuda_agent.sandbox.server.tools import TOOLS, Tool
+from cuda_agent.sandbox.server.sessions import CapacityError, Session, SessionManager, UnknownSessionError
+from cuda_agent.sandbox.server.tool_workers import ToolWorkers, cap_output
+from cuda_agent.sandbox.server.tools import TOOLS, Tool, ToolEnv
 from cuda_agent.sandbox.server.workspace_fs import ToolError
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,12 @@ def _package_version() -> str:
         return "0+unknown"
 
 
+@dataclass
+class _SessionGate:
+    running: asyncio.Semaphore
+    in_flight: int = 0
+
+
 class SandboxServer:
     """Holds the server's parts; the aiohttp app's handlers are its methods via ROUTES."""
 
@@ -87,6 +96,11 @@ class SandboxServer:
         self.metrics = Metrics()
         self.judge = JudgeService(config, isolation, self.metrics, gpus)
         self.sessions = SessionManager(config, isolation, self.judge, self.metrics, gpus)
+        self.tool_workers = ToolWorkers(
+            config.tool_workers, config.tool_timeout_s, config.tool_memory_mib, config.output_limit_chars
+        )
+        self.tool_env = ToolEnv(self.sessions, self.tool_workers)
+        self._gates: dict[str, _SessionGate] = {}
         self.started = time.monotonic()
         self.version = _package_version()
         self._busy_samples: list[deque[tuple[float, float]]] = [deque() for _ in range(gpus)]
@@ -242,7 +256,8 @@ class SandboxServer:
 
     async def h_session_judge(self, request: web.Request, body: SessionJudgeRequest) -> JudgeRun:
         session = self.sessions.get(request.match_info["session_id"])
-        return await self.sessions.judge_session(session, body.stage)
+        async with self._admitted(session.session_id):
+            return await self.sessions.judge_session(session, body.stage)
 
     async def h_evaluate(self, request: web.Request, body: EvaluateRequest) -> JudgeResult:
         if body.device == "cuda" and self.gpus == 0:
@@ -288,13 +303,43 @@ class SandboxServer:
             raise HttpError(400, f"cannot fetch task {task.uri}: {exc}") from None
         return data.decode("utf-8", "replace")
 
+    @contextlib.asynccontextmanager
+    async def _admitted(self, session_id: str) -> AsyncIterator[asyncio.Semaphore]:
+        """Counts the session's requests in flight (429 past the limit), so one session cannot hold
+        every connection and worker; yields the session's semaphore of running tool calls."""
+        gate = self._gates.get(session_id)
+        if gate is None:
+            gate = self._gates[session_id] = _SessionGate(
+                asyncio.Semaphore(self.config.max_tool_calls_per_session)
+            )
+        if gate.in_flight >= self.config.max_requests_per_session:
+            raise HttpError(
+                429,
+                f"session {session_id} has {gate.in_flight} requests in flight "
+                f"(limit {self.config.max_requests_per_session}); wait for them",
+            )
+        gate.in_flight += 1
+        try:
+            yield gate.running
+        finally:
+            gate.in_flight -= 1
+            if gate.in_flight == 0:
+                del self._gates[session_id]
+
     async def h_tool(self, tool: Tool, request: web.Request, body: BaseModel) -> BaseModel:
         session = self.sessions.get(request.match_info["session_id"])
+        async with self._admitted(session.session_id) as running, running:
+            return await self._run_tool(tool, session, body)
+
+    async def _run_tool(self, tool: Tool, session: Session, body: BaseModel) -> ToolResult:
         start = time.monotonic()
         try:
-            result = await tool.impl(self.sessions, session, body)
+            result = await tool.impl(self.tool_env, session, body)
         except ToolError as exc:
             result = tool.result_model(is_error=True, output=str(exc))
+        capped = cap_output(result.output, self.config.output_limit_chars)
+        if capped is not result.output:
+            result = result.model_copy(update={"output": capped})
         outcome = "error" if result.is_error else "ok"
         self.metrics.inc(
             "tool_calls_total", "tool calls, by tool and outcome", tool=tool.name, outcome=outcome
@@ -394,23 +439,35 @@ def _validation_detail(exc: ValidationError) -> list[dict[str, Any]]:
     ]
 
 
+async def _parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel | web.Response:
+    """The request body as `model`, or the 4xx that says why not: 413 too large, 400 not JSON (invalid
+    UTF-8, lone surrogates, nesting or numbers beyond the parser's limits), 422 naming the field."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _error(413, f"request body is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        # pydantic's Rust JSON parser bounds recursion and number size and rejects invalid UTF-8 and
+        # unpaired surrogates, none of which json.loads refuses.
+        return model.model_validate_json(raw or b"{}")
+    except ValidationError as exc:
+        detail = _validation_detail(exc)
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            invalid = next(e for e in detail if e["type"] == "json_invalid")
+            return _error(400, f"request body is not valid JSON: {invalid['msg']}", detail)
+        first = detail[0]
+        return _error(422, f"invalid {model.__name__}: {first['loc']}: {first['msg']}", detail)
+
+
 def _wrap(server: SandboxServer, route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
             body = None
             if route.request is not None:
-                raw = await request.read()
-                try:
-                    body = route.request.model_validate(json.loads(raw or b"{}"))
-                except json.JSONDecodeError as exc:
-                    return _error(400, f"request body is not valid JSON: {exc}")
-                except ValidationError as exc:
-                    first = _validation_detail(exc)[0]
-                    return _error(
-                        422,
-                        f"invalid {route.request.__name__}: {first['loc']}: {first['msg']}",
-                        _validation_detail(exc),
-                    )
+                parsed = await _parse_body(request, route.request)
+                if isinstance(parsed, web.Response):
+                    return parsed
+                body = parsed
             result = await route.handler(server, request, body)
         except UnknownSessionError as exc:
             return _error(404, f"unknown session {exc.args[0]!r}")
@@ -488,19 +545,29 @@ async def _housekeeping(server: SandboxServer) -> None:
                 log.exception("housekeeping step %s failed", step.__name__)
 
 
+def _raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: sessions' connections and judge channels share it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def build_app(server: SandboxServer) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     for route in ROUTES:
         app.router.add_route(route.method, route.path, _wrap(server, route))
 
     async def lifecycle(app: web.Application) -> Any:
+        _raise_open_files_limit()
         server.judge.prepare_dirs()
         server.sessions.prepare()
         server.status()  # the first busy sample: the busy fraction's window starts at startup
         task = asyncio.create_task(_housekeeping(server))
         # Imports torch and inductor once, in the background; the first judge run waits for it.
         zygote = asyncio.create_task(server.judge.zygote_for_judging())
+        await server.tool_workers.prestart()
         yield
+        server.tool_workers.close()
         task.cancel()
         zygote.cancel()
         await server.sessions.close_all()

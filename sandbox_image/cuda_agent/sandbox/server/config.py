@@ -65,7 +65,10 @@ class SandboxServerConfig(BaseModel):
     agent_limits: ProcessLimits = ProcessLimits()
     judge_limits: ProcessLimits = ProcessLimits(memory_mib=None, processes=512, file_size_mib=2048)
     workspace_quota_mib: int = Field(
-        default=2048, ge=16, description="bytes a session's workspace, /tmp and /dev/shm may hold together"
+        default=2048,
+        ge=16,
+        le=1 << 20,
+        description="bytes a session's workspace, /tmp and /dev/shm may hold together",
     )
     workspace_max_inodes: int = Field(
         default=100_000, ge=1000, description="files and directories a session's scratch space may hold"
@@ -82,6 +85,24 @@ class SandboxServerConfig(BaseModel):
         default=30000, ge=1000, description="longer tool output is cut in the middle"
     )
     max_background_jobs: int = Field(default=8, ge=1, description="per session")
+    tool_workers: int = Field(
+        default=4, ge=1, le=256, description="processes running the file tools and the bash_output filter"
+    )
+    tool_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="a file tool running longer is stopped (its worker killed)"
+    )
+    tool_memory_mib: int = Field(
+        default=1024, ge=256, le=65536, description="RLIMIT_AS of a file tool worker process"
+    )
+    max_tool_calls_per_session: int = Field(
+        default=4, ge=1, le=1024, description="tool calls of one session running at once; more wait"
+    )
+    max_requests_per_session: int = Field(
+        default=32,
+        ge=1,
+        le=65536,
+        description="requests of one session in flight (running or waiting); more are answered 429",
+    )
     judge_command: list[str] = Field(default_factory=default_judge_command)
     judge_zygote: Literal["on", "off"] = Field(
         default="on",

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from typing import Any
+
+import re2
 
 from cuda_agent.sandbox.server.models import (
     EditInput,
@@ -30,12 +33,14 @@ from cuda_agent.sandbox.server.models import (
     ToolResult,
     WriteInput,
 )
-from cuda_agent.sandbox.server.workspace_fs import ToolError, WorkspaceFS
+from cuda_agent.sandbox.server.workspace_fs import MAX_TOOL_FILE_BYTES, ToolError, WorkspaceFS
 
 DEFAULT_READ_LINES = 2000
 MAX_LINE_CHARS = 2000
 MAX_GLOB_RESULTS = 1000
 MAX_GREP_FILE_BYTES = 8 << 20
+MAX_GREP_OUTPUT_CHARS = 200_000  # a bound on what is built; the tool worker cuts the result further
+RE2_MAX_MEM = 64 << 20
 
 
 def _text(fs: WorkspaceFS, file_path: str) -> tuple[str, str]:
@@ -85,6 +90,9 @@ def _apply(text: str, op: EditOperation, where: str) -> tuple[str, int]:
             f"old_string matches {count} places in {where}; add surrounding context to make it unique, "
             "or set replace_all to change every occurrence"
         )
+    grown = len(text) + (count if op.replace_all else 1) * (len(op.new_string) - len(op.old_string))
+    if grown > MAX_TOOL_FILE_BYTES:  # checked before the new text exists, so it never costs the memory
+        raise ToolError(f"the edit would make {where} {grown} characters long (limit {MAX_TOOL_FILE_BYTES})")
     if op.replace_all:
         return text.replace(op.old_string, op.new_string), count
     return text.replace(op.old_string, op.new_string, 1), 1
@@ -115,8 +123,31 @@ def multi_edit(fs: WorkspaceFS, req: MultiEditInput) -> EditResult:
     )
 
 
-def glob_to_regex(pattern: str) -> re.Pattern[str]:
-    """Shell glob with `**` (any depth), `*`, `?`, `[...]` and `{a,b}` as a regex over relative paths."""
+def compile_regex(pattern: str, what: str, *, ignore_case: bool = False, multiline: bool = False) -> Any:
+    """An RE2 regex: matching is linear in the text, so no pattern can stall a tool (no backtracking,
+    hence no backreferences or lookaround)."""
+    options = re2.Options()
+    options.log_errors = False
+    options.case_sensitive = not ignore_case
+    options.dot_nl = multiline
+    options.max_mem = RE2_MAX_MEM
+    try:
+        return re2.compile(("(?m)" if multiline else "") + pattern, options)
+    except re2.error as exc:
+        reason = (
+            exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        )
+        raise ToolError(f"invalid {what}: {reason} (RE2 syntax)") from None
+
+
+def glob_to_regex(pattern: str) -> Any:
+    """Shell glob with `**` (any depth), `*`, `?`, `[...]` and `{a,b}` as an RE2 regex over relative paths."""
+    return compile_regex(_glob_source(pattern, 0) + r"\z", f"glob {pattern[:200]!r}")
+
+
+def _glob_source(pattern: str, depth: int) -> str:
+    if depth > 8:
+        raise ToolError(f"glob {pattern[:200]!r}: braces nested too deeply")
     out, i = [], 0
     while i < len(pattern):
         c = pattern[i]
@@ -144,12 +175,12 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
             if end < 0:
                 raise ToolError(f"glob {pattern!r}: unclosed '{{'")
             alternatives = pattern[i + 1 : end].split(",")
-            out.append("(?:" + "|".join(glob_to_regex(a).pattern[:-2] for a in alternatives) + ")")
+            out.append("(?:" + "|".join(_glob_source(a, depth + 1) for a in alternatives) + ")")
             i = end + 1
         else:
             out.append(re.escape(c))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    return "".join(out)
 
 
 def glob(fs: WorkspaceFS, req: GlobInput) -> GlobResult:
@@ -169,20 +200,21 @@ def glob(fs: WorkspaceFS, req: GlobInput) -> GlobResult:
 
 
 def grep(fs: WorkspaceFS, req: GrepInput) -> GrepResult:
-    flags = (re.IGNORECASE if req.case_insensitive else 0) | (
-        re.MULTILINE | re.DOTALL if req.multiline else 0
+    """ripgrep-like search. Output stops growing at MAX_GREP_OUTPUT_CHARS (the scan stops there too, so
+    `matches` is then a lower bound); files_with_matches reads each file only up to its first hit."""
+    regex = compile_regex(
+        req.pattern, f"regex {req.pattern[:200]!r}", ignore_case=req.case_insensitive, multiline=req.multiline
     )
-    try:
-        regex = re.compile(req.pattern, flags)
-    except re.error as exc:
-        raise ToolError(f"invalid regex {req.pattern!r}: {exc}") from None
     name_filter = glob_to_regex(req.glob) if req.glob else None
     before = req.before if req.before is not None else (req.context or 0)
     after = req.after if req.after is not None else (req.context or 0)
     lines_out: list[str] = []
-    matched_files = 0
+    budget = MAX_GREP_OUTPUT_CHARS
     total = 0
     for entry in fs.walk(req.path):
+        if budget <= 0:
+            lines_out.append(f"[... output cut at {MAX_GREP_OUTPUT_CHARS} characters; narrow the search]")
+            break
         if name_filter and not (
             name_filter.match(entry.rel.rsplit("/", 1)[-1]) or name_filter.match(entry.rel)
         ):
@@ -193,20 +225,22 @@ def grep(fs: WorkspaceFS, req: GrepInput) -> GrepResult:
             rel, text = _text(fs, entry.rel)
         except ToolError:
             continue  # binary, vanished or foreign files are skipped, as ripgrep does
-        hit_lines = _matching_lines(regex, text, req.multiline)
-        if not hit_lines:
-            continue
-        matched_files += 1
-        total += len(hit_lines)
         shown = fs.display(rel)
+        hits = _matching_lines(regex, text, req.multiline)
         if req.output_mode == "files_with_matches":
-            lines_out.append(shown)
+            found = next(hits, None) is not None
+            new, count = ([shown], 1) if found else ([], 0)
         elif req.output_mode == "count":
-            lines_out.append(f"{shown}:{len(hit_lines)}")
+            count = sum(1 for _ in hits)
+            new = [f"{shown}:{count}"] if count else []
         else:
-            lines_out.extend(
-                _content_lines(shown, text.splitlines(), hit_lines, before, after, req.line_numbers)
-            )
+            lines = text.splitlines()
+            chosen = _within_budget(hits, lines, len(shown) + 12, budget)
+            count = len(chosen)
+            new = _content_lines(shown, lines, chosen, before, after, req.line_numbers)
+        total += count
+        lines_out.extend(new)
+        budget -= sum(len(line) + 1 for line in new)
     if req.head_limit is not None and len(lines_out) > req.head_limit:
         lines_out = [*lines_out[: req.head_limit], f"[... output limited to {req.head_limit} entries]"]
     if not lines_out:
@@ -214,12 +248,39 @@ def grep(fs: WorkspaceFS, req: GrepInput) -> GrepResult:
     return GrepResult(output="\n".join(lines_out), matches=total)
 
 
-def _matching_lines(regex: re.Pattern[str], text: str, multiline: bool) -> list[int]:
-    """0-based numbers of the lines that hold (the start of) a match."""
+def _within_budget(hits: Iterator[int], lines: list[str], prefix: int, budget: int) -> list[int]:
+    """The hits whose lines fit in `budget` characters; stops the (lazy) scan there."""
+    chosen = []
+    for n in hits:
+        chosen.append(n)
+        budget -= prefix + min(len(lines[n]), MAX_LINE_CHARS)
+        if budget <= 0:
+            break
+    return chosen
+
+
+def _matching_lines(regex: Any, text: str, multiline: bool) -> Iterator[int]:
+    """0-based numbers of the lines that hold (the start of) a match, in order, computed lazily."""
     if not multiline:
-        return [n for n, line in enumerate(text.splitlines()) if regex.search(line)]
-    starts = sorted({text.count("\n", 0, m.start()) for m in regex.finditer(text)})
-    return starts
+        return (n for n, line in enumerate(text.splitlines()) if regex.search(line))
+    return _multiline_hits(regex, text.encode())
+
+
+def _multiline_hits(regex: Any, data: bytes) -> Iterator[int]:
+    # Byte offsets (no offset translation); newlines counted incrementally, each line reported once.
+    line, counted_to, last = 0, 0, -1
+    for m in regex.finditer(data):
+        line += data.count(b"\n", counted_to, m.start())
+        counted_to = m.start()
+        if line != last:
+            last = line
+            yield line
+
+
+def filter_lines(pattern: str, text: str) -> str:
+    """bash_output's filter: the lines of `text` that match `pattern`."""
+    regex = compile_regex(pattern, f"filter regex {pattern[:200]!r}")
+    return "".join(line for line in text.splitlines(keepends=True) if regex.search(line))
 
 
 def _content_lines(

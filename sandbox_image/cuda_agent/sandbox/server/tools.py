@@ -8,7 +8,6 @@ hands to the model), so the three cannot disagree with each other or with the cl
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,9 +30,19 @@ from cuda_agent.sandbox.api import (
 from cuda_agent.sandbox.server import file_tools
 from cuda_agent.sandbox.server.procs import run_foreground, start_background
 from cuda_agent.sandbox.server.sessions import Session, SessionManager
+from cuda_agent.sandbox.server.tool_workers import ToolWorkers
 from cuda_agent.sandbox.server.workspace_fs import ToolError
 
-ToolImpl = Callable[[SessionManager, Session, Any], Awaitable[ToolResult]]
+
+@dataclass(frozen=True)
+class ToolEnv:
+    """What a tool implementation may use besides its session: the session manager and the worker pool."""
+
+    manager: SessionManager
+    workers: ToolWorkers
+
+
+ToolImpl = Callable[[ToolEnv, Session, Any], Awaitable[ToolResult]]
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,8 @@ def _bash_argv(manager: SessionManager, session: Session, command: str) -> list[
     return manager.isolation.launch_argv(spec)
 
 
-async def bash(manager: SessionManager, session: Session, req: BashInput) -> BashResult:
+async def bash(env: ToolEnv, session: Session, req: BashInput) -> BashResult:
+    manager = env.manager
     cfg = manager.config
     if req.run_in_background:
         running = [j for j in session.jobs.values() if j.status == "running"]
@@ -114,14 +124,12 @@ def _job(session: Session, bash_id: str) -> Any:
     return job
 
 
-async def bash_output(manager: SessionManager, session: Session, req: BashOutputInput) -> BashOutputResult:
+async def bash_output(env: ToolEnv, session: Session, req: BashOutputInput) -> BashOutputResult:
     job = _job(session, req.bash_id)
-    try:
-        pattern = re.compile(req.filter) if req.filter else None
-    except re.error as exc:
-        raise ToolError(f"invalid filter regex {req.filter!r}: {exc}") from None
     await asyncio.sleep(0)  # let the pump deliver what is already in the pipe
-    text, dropped = job.take_output(pattern)
+    text, dropped = job.take_output(None)
+    if req.filter:
+        text = await env.workers.run("filter_lines", req.filter, text)
     note = f"[{dropped} earlier bytes were dropped: output not read in time]\n" if dropped else ""
     status = job.status
     tail = f"\n[status: {status}" + (f", exit code {job.proc.returncode}]" if status != "running" else "]")
@@ -130,7 +138,7 @@ async def bash_output(manager: SessionManager, session: Session, req: BashOutput
     )
 
 
-async def kill_bash(manager: SessionManager, session: Session, req: KillBashInput) -> ToolResult:
+async def kill_bash(env: ToolEnv, session: Session, req: KillBashInput) -> ToolResult:
     job = _job(session, req.bash_id)
     if job.status != "running":
         return ToolResult(output=f"job {req.bash_id} had already ended ({job.status})")
@@ -139,16 +147,17 @@ async def kill_bash(manager: SessionManager, session: Session, req: KillBashInpu
     return ToolResult(output=f"Killed background job {req.bash_id} and its process group")
 
 
-def _in_thread(fn: Callable[[Any, Any], ToolResult]) -> ToolImpl:
-    """File tools block on the filesystem; a thread keeps a large grep from stalling other sessions."""
+def _in_worker(name: str) -> ToolImpl:
+    """File tools run in a worker process: a slow pattern or a huge edit cannot stall other sessions."""
 
-    async def run(manager: SessionManager, session: Session, req: Any) -> ToolResult:
-        return await asyncio.to_thread(fn, session.fs, req)
+    async def run(env: ToolEnv, session: Session, req: Any) -> ToolResult:
+        result: ToolResult = await env.workers.run(name, session.fs, req)
+        return result
 
     return run
 
 
-async def todo_write(manager: SessionManager, session: Session, req: TodoWriteInput) -> TodoWriteResult:
+async def todo_write(env: ToolEnv, session: Session, req: TodoWriteInput) -> TodoWriteResult:
     return file_tools.todo_write(session.todos, req)
 
 
@@ -156,13 +165,13 @@ IMPLEMENTATIONS: dict[str, ToolImpl] = {
     "bash": bash,
     "bash_output": bash_output,
     "kill_bash": kill_bash,
-    "read": _in_thread(file_tools.read),
-    "write": _in_thread(file_tools.write),
-    "edit": _in_thread(file_tools.edit),
-    "multi_edit": _in_thread(file_tools.multi_edit),
-    "glob": _in_thread(file_tools.glob),
-    "grep": _in_thread(file_tools.grep),
-    "notebook_edit": _in_thread(file_tools.notebook_edit),
+    "read": _in_worker("read"),
+    "write": _in_worker("write"),
+    "edit": _in_worker("edit"),
+    "multi_edit": _in_worker("multi_edit"),
+    "glob": _in_worker("glob"),
+    "grep": _in_worker("grep"),
+    "notebook_edit": _in_worker("notebook_edit"),
     "todo_write": todo_write,
 }
 TOOLS: dict[str, Tool] = {name: Tool(spec, IMPLEMENTATIONS[name]) for name, spec in TOOL_SPECS.items()}
