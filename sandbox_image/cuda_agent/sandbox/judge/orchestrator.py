@@ -20,6 +20,7 @@ import io
 import json
 import os
 import pstats
+import random
 import secrets
 import sys
 import threading
@@ -39,9 +40,11 @@ from cuda_agent.sandbox.judge import (
     cuda_driver,
     inline,
     isolation,
+    plausibility,
     policy,
     screen,
     tensors,
+    timing,
     worker,
 )
 from cuda_agent.sandbox.judge import task as task_lib
@@ -97,11 +100,32 @@ class TrialReference:
 
 
 @dataclass
+class TimedCall:
+    """One timed call whose outputs are checked: the seed of its values and the outputs they must give."""
+
+    loop: str
+    index: int
+    draw: timing.Draw
+    outputs: list[torch.Tensor]
+    outputs64: list[torch.Tensor] | None
+
+
+@dataclass
+class TimedPlan:
+    """Fresh values for every timed call and the secret sample of calls checked (docs/judge.md, "Timed
+    calls are checked"). `loops` is the worker's part: per loop the seeds and the checked indices."""
+
+    warmup_seed: int
+    loops: dict[str, dict[str, Any]]
+    calls: dict[tuple[str, int], TimedCall]
+
+
+@dataclass
 class References:
     weight_seed: int
     trials: list[TrialReference]
-    profile_seed: int
-    profile_outputs: list[torch.Tensor]
+    timed: TimedPlan
+    bounds: plausibility.TaskBounds
     structure: Any
     meta: list[dict[str, Any]]
     flags: list[str]
@@ -214,8 +238,10 @@ def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References
             except Exception:  # some ops have no float64 kernel: no precision audit for this task
                 model64 = None
         trials.append(ref)
-    profile_seed = task_lib.derive_seed(master, "profile")
-    profile_outputs = _reference_for(task, model, profile_seed, "task", device).outputs
+    timed = plan_timed(task, model, model64, master, cfg, mutates)
+    bounds = plausibility.task_bounds(
+        model, task_lib.make_inputs(task, timed.warmup_seed, "task", device), device
+    )
     meta = [tensors.tensor_meta(t) | {"device": d} for t, d in zip(trials[0].outputs, devices, strict=True)]
     flags = compare.task_flags([t.outputs for t in trials])
     if model64 is None and cfg.precision == "strict-fp32":
@@ -228,13 +254,99 @@ def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References
     return References(
         weight_seed,
         trials,
-        profile_seed,
-        profile_outputs,
+        timed,
+        bounds,
         structure,
         meta,
         sorted(flags),
         mutates,
     )
+
+
+def _sample(rng: random.Random, count: int, checked: int) -> list[int]:
+    """`checked` indices of `count` calls: the last one always, the rest drawn without replacement."""
+    if count <= 0:
+        return []
+    rest = rng.sample(range(count - 1), min(max(checked - 1, 0), count - 1))
+    return sorted({count - 1, *rest})
+
+
+def _nbytes(values: list[Any]) -> int:
+    return sum(x.nbytes for x in values if isinstance(x, torch.Tensor))
+
+
+# Device memory the judge may spend on the timed checks: the host loop's pre-drawn value sets, and the
+# checked outputs (held by the worker and by this process). Beyond it fewer sets / checks are used.
+HOST_POOL_BUDGET = 2 << 30
+CHECKED_BUDGET = 4 << 30
+# Checked trials per loop whose values are a near repeat of the trial before (caches keyed on a sample).
+NEAR_REPEATS = 2
+
+
+def plan_timed(
+    task: Any,
+    model: torch.nn.Module,
+    model64: torch.nn.Module | None,
+    master: bytes,
+    cfg: JudgeConfig,
+    mutates: bool,
+) -> TimedPlan:
+    """Seeds for every timed call and the secret sample of calls whose outputs are checked, with their
+    references (and float64 references for the precision audit). The worker learns the sample only as
+    "copy these calls' outputs after the call": the candidate's code cannot tell them from the others."""
+    settings, device = cfg.profile, cfg.device
+    warmup_seed = task_lib.derive_seed(master, "timed/warmup")
+    sample_inputs = task_lib.make_inputs(task, warmup_seed, "task", device)
+    in_bytes = max(_nbytes(sample_inputs), 1)
+    _, sample_out, _ = _run_reference(model, task_lib.make_inputs(task, warmup_seed, "task", device))
+    out_bytes = max(sum(t.nbytes for t in sample_out), 1)
+    rng = random.Random(task_lib.derive_seed(master, "timed/sample"))
+    checked = max(1, min(settings.checked_calls, CHECKED_BUDGET // out_bytes - 3))
+    trials = settings.trials
+    if device == "cuda":
+        calls = max(2, min(settings.host_calls, HOST_POOL_BUDGET // (in_bytes + out_bytes)))
+        shapes = {
+            "device": (trials, checked),
+            "latency": (trials, 2),
+            "host": (settings.host_rounds * calls, 2),
+        }
+    else:
+        calls = 0
+        shapes = {"wall": (trials, checked)}
+    loops: dict[str, dict[str, Any]] = {}
+    plan = TimedPlan(warmup_seed, loops, {})
+
+    def make(seed: int) -> list[Any]:
+        return task_lib.make_inputs(task, seed, "task", device)
+
+    for loop, (count, n_checked) in shapes.items():
+        seeds: list[timing.Draw] = [task_lib.derive_seed(master, f"timed/{loop}/{k}") for k in range(count)]
+        sample = _sample(rng, count, n_checked)
+        if loop != "host":
+            # Some checked trials are near repeats of the trial just before them (timing.near_repeat).
+            baits = [k for k in sample if k > 0]
+            for k in rng.sample(baits, min(NEAR_REPEATS, len(baits))):
+                base = seeds[k - 1]
+                if isinstance(base, int):
+                    seeds[k] = [base, task_lib.derive_seed(master, f"timed/{loop}/{k}/near")]
+        loops[loop] = {
+            "seeds": [seeds[r * calls : (r + 1) * calls] for r in range(settings.host_rounds)]
+            if loop == "host"
+            else seeds,
+            "checked": sample,
+        }
+        for k in sample:
+            _, outputs, _ = _run_reference(model, timing.draw_values(make, seeds[k]))
+            outputs64 = None
+            if model64 is not None and any(t.dtype == torch.float32 for t in outputs):
+                inputs64 = [
+                    x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                    for x in timing.draw_values(make, seeds[k])
+                ]
+                with contextlib.suppress(Exception):
+                    _, outputs64, _ = _run_reference(model64, inputs64)
+            plan.calls[(loop, k)] = TimedCall(loop, k, seeds[k], outputs, outputs64)
+    return plan
 
 
 # --- worker sessions ----------------------------------------------------------------------------------------
@@ -401,6 +513,7 @@ class JudgeRun:
         self.output_digests: dict[str, int] = {}
         self.spares: dict[str, WorkerSession] = {}
         self.max_output_bytes = 1 << 20
+        self.limits: plausibility.DeviceLimits | None = None
         # Phase events for the person at the terminal (cli.py): made here from this process's own
         # progress, never from anything the worker says.
         self.progress: Callable[[dict[str, Any]], None] | None = None
@@ -716,12 +829,13 @@ class JudgeRun:
         session.send(
             {
                 "type": "profile",
-                "seed": refs.profile_seed,
-                "variant": "task",
-                "order_seed": refs.profile_seed & 0xFFFFFFFF,
+                "warmup_seed": refs.timed.warmup_seed,
+                "loops": refs.timed.loops,
+                "order_seed": refs.timed.warmup_seed & 0xFFFFFFFF,
                 "structure": refs.structure,
                 "meta": refs.meta,
                 "settings": settings.model_dump(),
+                "task_mutates_inputs": refs.mutates_inputs,
             }
         )
         try:
@@ -732,14 +846,59 @@ class JudgeRun:
         self.add_worker_steps(report)
         self.result.violations += report.get("tamper", [])
         self.result.notes += report.get("notes", [])
-        _, wrong = self.judge_outputs(report, blobs, refs.profile_outputs, "profile call")
-        if wrong:
-            self.result.error = wrong
+        with self.step("profile.compare"):
+            self.check_timed_outputs(report, blobs, refs)
+        if self.result.violations:
             self.result.correct = False
             return
-        self.record_timings(report, settings)
+        self.record_timings(report, settings, refs.bounds)
 
-    def record_timings(self, report: dict[str, Any], settings: Any) -> None:
+    def check_timed_outputs(self, report: dict[str, Any], blobs: list[bytearray], refs: References) -> None:
+        """Every checked timed call must have come back, each equal to the reference for its own values
+        (and, under strict-fp32, as accurate as eager fp32): else `timed-wrong-result`."""
+        res = self.result
+        res.violations += [str(v)[:2000] for v in report.get("violations") or []]
+        if report.get("violations"):
+            return
+        subs = report.get("timed")
+        expected = set(refs.timed.calls)
+        keys = [(s.get("loop"), s.get("index")) for s in subs] if isinstance(subs, list) else []
+        if not isinstance(subs, list) or sorted(map(str, keys)) != sorted(map(str, expected)):
+            res.violations.append("output-forged: the checked timed calls' outputs did not all come back")
+            return
+        offset, wrong = 0, []
+        for sub in subs:
+            call = refs.timed.calls[(sub["loop"], sub["index"])]
+            label = f"{call.loop} loop, timed call {call.index}"
+            metas = sub.get("outputs")
+            shared = "shared" in sub
+            n = 0 if shared else len(call.outputs)
+            if not isinstance(metas, list) or len(metas) != len(call.outputs):
+                res.violations.append(f"output-structure: {label}: outputs do not match the reference")
+                return
+            try:
+                outputs = self.received_outputs(sub, metas, blobs[offset : offset + n], call.outputs)
+            except (ValueError, TypeError, AttributeError, KeyError, cuda_driver.DriverError) as exc:
+                res.violations.append(f"output-forged: undecodable output ({exc})")
+                return
+            offset += n
+            verdict = compare.check_outputs(outputs, call.outputs, self.cfg.tolerances, flags=res.task_flags)
+            problem = "; ".join([*verdict.violations, *([verdict.wrong] if verdict.wrong else [])])
+            if problem:
+                wrong.append(f"{label}: {problem}")
+                continue
+            if self.cfg.precision == "strict-fp32" and call.outputs64 is not None:
+                for i, (out, r32, r64) in enumerate(zip(outputs, call.outputs, call.outputs64, strict=True)):
+                    found = compare.precision_violation(out, r32, r64, self.cfg.tolerances, i)
+                    if found:
+                        res.violations.append(f"{found} ({label})")
+        if wrong:
+            res.violations.append(
+                f"timed-wrong-result: {len(wrong)} of {len(subs)} checked timed calls wrong "
+                f"(fresh values each trial); first: {wrong[0]}"[:2000]
+            )
+
+    def record_timings(self, report: dict[str, Any], settings: Any, bounds: plausibility.TaskBounds) -> None:
         res = self.result
         res.timing_method = report["method"]
         res.profile_trials = self.cfg.profile.trials
@@ -763,6 +922,11 @@ class JudgeRun:
             res.speedup.eager = res.timings_ms.eager / cand
         if res.timings_ms.compile:
             res.speedup.compile = res.timings_ms.compile / cand
+        if self.limits is not None:
+            outcome = plausibility.judge_speed(bounds, self.limits, res.timings_ms.model_dump(), self.cfg)
+            res.roofline = outcome.roofline
+            res.notes += outcome.notes
+            res.violations += outcome.violations
 
     def execute(self) -> JudgeResult:
         if self.cfg.device == "cuda" and torch.cuda._is_in_bad_fork():
@@ -839,10 +1003,12 @@ class JudgeRun:
             with self.device_lock("verify"):
                 # The worker compiles the baseline (trusted, no candidate code yet) while the references
                 # are computed here; its benchmarks wait for "load", sent only after them (worker.gated).
+                with self.step("device_limits"):
+                    self.limits = self.device_limits()
                 session.send({"type": "baseline", **baseline_seeds(master)})
                 refs = self.references(task, master)
                 # No frame from the worker legitimately carries a blob larger than the largest output.
-                largest = max((t.nbytes for t in [*refs.trials[0].outputs, *refs.profile_outputs]), default=0)
+                largest = max((t.nbytes for t in refs.trials[0].outputs), default=0)
                 self.max_output_bytes = session.endpoint.max_blob_bytes = max(largest, 1 << 20)
                 session.send(self._load_message(workspace_exts, inline_exts))
                 if not self.verify(session, refs):
@@ -856,6 +1022,15 @@ class JudgeRun:
                     self.result.violations += bye.get("tamper", [])
         finally:
             session.close()
+
+    def device_limits(self) -> plausibility.DeviceLimits | None:
+        """This device's bandwidth and peak FLOP/s, measured once per device and driver and cached in the
+        judge's cache (trusted phase: no candidate code exists in any process yet, device lock held)."""
+        try:
+            return plausibility.device_limits(self.cache.root / "device-limits", self.cfg.device)
+        except (OSError, RuntimeError, ValueError) as exc:
+            self.result.notes.append(f"device limits unavailable, no plausibility bound: {exc}")
+            return None
 
     def references(self, task: Any, master: bytes) -> References:
         try:

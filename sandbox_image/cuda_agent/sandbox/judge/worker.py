@@ -500,29 +500,44 @@ class Worker:
 
     # -- profile --------------------------------------------------------------------------------------------
     def profile(self, msg: dict[str, Any]) -> None:
+        """The timed loops. Every trial draws fresh values into the same input buffers (timing.Feed), and
+        the candidate's outputs of a secret sample of the timed calls (`loops[...]["checked"]`, chosen by
+        the orchestrator, the last call of each loop among them) are copied right after the call and sent
+        back for comparison with references for exactly those values: no call count, clock or input
+        identity separates checked calls from timed ones, because they are the same calls."""
         assert self.task is not None and self.model is not None and self.model_new is not None
         assert self.fingerprints is not None
-        settings = msg["settings"]
-        inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
+        settings, loops = msg["settings"], msg["loops"]
+        task, device = self.task, self.device
+        mutates = bool(msg.get("task_mutates_inputs"))
+
+        def make(seed: int) -> list[Any]:
+            return task_lib.make_inputs(task, seed, "task", device)
+
+        feed = timing.Feed(make, int(msg["warmup_seed"]), mutates)
         model_new = self.model_new
 
         def candidate(*args: Any) -> Any:
             return guarded("ModelNew.forward (profile)", model_new, *args)
 
         fns: dict[str, Callable[..., Any]] = {"candidate": candidate, "eager": self.model}
+        timed = TimedChecks(self, msg, feed, mutates)
         notes: list[str] = []
         compile_seconds = None
         with _no_grad():
             with self.step("warmup"):
                 for _ in range(settings["warmup"]):
-                    candidate(*inputs)
-                    self.model(*inputs)
+                    feed.refill()
+                    candidate(*feed.inputs)
+                    feed.refill()
+                    self.model(*feed.inputs)
             pre_compile_tampering = self.fingerprints.changes()
             if self.compiled is not None:
                 start = _monotonic()
                 try:
                     for _ in range(settings["warmup"]):
-                        self.compiled(*inputs)
+                        feed.refill()
+                        self.compiled(*feed.inputs)
                     fns["compile"] = self.compiled
                     compile_seconds = _monotonic() - start
                 except Exception as exc:  # e.g. a recompile that inductor cannot do here: no compile timing
@@ -533,17 +548,22 @@ class Worker:
             if self.device == "cuda":
                 torch.cuda.synchronize()
                 seed = int(msg["order_seed"])
-                trials, flush = settings["trials"], settings["l2_flush_bytes"]
+                flush = settings["l2_flush_bytes"]
                 with self.step("device_times"):
-                    device_times = timing.cuda_device_times(fns, inputs, trials, flush, seed)
+                    device_times = timing.cuda_device_times(
+                        fns, feed, loops["device"]["seeds"], flush, seed, timed.observer("device")
+                    )
                 with self.step("latency"):
-                    latency = timing.cuda_event_latency(fns, inputs, trials, flush, seed)
+                    latency = timing.cuda_event_latency(
+                        fns, feed, loops["latency"]["seeds"], flush, seed, timed.observer("latency")
+                    )
                 with self.step("host_check"):
                     host = timing.host_per_call_ms(
                         {k: fns[k] for k in ("candidate", "eager")},
-                        inputs,
-                        settings["host_calls"],
-                        settings["host_rounds"],
+                        feed,
+                        loops["host"]["seeds"],
+                        timed.observer("host"),
+                        {int(i) for i in loops["host"]["checked"]},
                     )
                 result: dict[str, Any] = {
                     "method": "cuda-profiler-device-time",
@@ -553,30 +573,29 @@ class Worker:
                 }
             else:
                 wall = timing.cpu_wall_times(
-                    fns, inputs, settings["trials"], settings["cpu_thrash_bytes"], int(msg["order_seed"])
+                    fns,
+                    feed,
+                    loops["wall"]["seeds"],
+                    settings["cpu_thrash_bytes"],
+                    int(msg["order_seed"]),
+                    timed.observer("wall"),
                 )
                 result = {"method": "cpu-wall-clock", "device": wall, "latency": wall, "host": {}}
-            # Fresh inputs for the final check: the timed calls may legitimately have mutated the shared ones.
-            inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
-            final = candidate(*inputs)
             if self.device == "cuda":
                 torch.cuda.synchronize()
-        violations: list[str] = []
-        leaves = self.check_outputs(final, msg["meta"], msg["structure"], inputs, violations)
         blobs: list[memoryview] = []
-        if leaves is not None and not violations:
-            # Copies taken after the synchronisation above, contiguous so pack_outputs exports them as is.
-            own = (
-                [_clone(t, memory_format=torch.contiguous_format) for t in leaves]
-                if self.device == "cuda"
-                else leaves
-            )
-            blobs = self.pack_outputs(result, own)
+        packed: list[dict[str, Any]] = []
+        if not timed.violations:
+            for loop, index, leaves in timed.captured:
+                sub: dict[str, Any] = {"loop": loop, "index": index}
+                blobs += self.pack_outputs(sub, leaves)
+                packed.append(sub)
         result.update(
             type="profile_result",
             notes=notes,
             compile_seconds=compile_seconds,
-            violations=violations,
+            violations=timed.violations,
+            timed=packed,
             tamper=pre_compile_tampering + self.fingerprints.changes(),
             steps=self.take_steps(),
         )
@@ -609,6 +628,53 @@ class Worker:
                 return
             else:
                 return
+
+
+class TimedChecks:
+    """What the worker does after each timed call, outside the timed window: every candidate output must
+    be exactly torch.Tensor; the outputs of the calls the orchestrator picked are checked like a verify
+    call's (structure, metadata, no input aliasing, inputs unchanged) and copied for the orchestrator."""
+
+    def __init__(self, worker: Worker, msg: dict[str, Any], feed: timing.Feed, mutates: bool) -> None:
+        self.worker = worker
+        self.meta, self.structure = msg["meta"], msg["structure"]
+        self.loops = msg["loops"]
+        self.feed = feed
+        self.mutates = mutates
+        self.violations: list[str] = []
+        self.captured: list[tuple[str, int, list[torch.Tensor]]] = []
+
+    def observer(self, loop: str) -> timing.AfterCall:
+        checked = {int(i) for i in self.loops[loop]["checked"]}
+
+        def after(name: str, index: int, output: Any) -> None:
+            if name == "candidate" and not self.violations:
+                self.after_candidate(loop, index, output, index in checked)
+
+        return after
+
+    def after_candidate(self, loop: str, index: int, output: Any, checked: bool) -> None:
+        where = f"timed call {index} of the {loop} loop"
+        try:
+            tensors.flatten(output)
+        except tensors.OutputTypeError as exc:
+            self.violations.append(f"output-type: {exc} (must be exactly torch.Tensor; {where})")
+            return
+        if not checked:
+            return
+        found: list[str] = []
+        leaves = self.worker.check_outputs(output, self.meta, self.structure, self.feed.inputs, found)
+        if not self.mutates and self.feed.current:
+            buffers = [x for x in self.feed.inputs if type(x) is torch.Tensor]
+            values = [x for x in self.feed.values if type(x) is torch.Tensor]
+            if not all(_bitwise_equal(a, b) for a, b in zip(buffers, values, strict=True)):
+                found.append("input-mutated: an input tensor changed during ModelNew.forward")
+        if found or leaves is None:
+            self.violations += [f"{v} ({where})" for v in found]
+            return
+        # The judge's own copies (the candidate holds no reference to them), ordered after the call.
+        own = [_clone(t, memory_format=torch.contiguous_format) for t in leaves]
+        self.captured.append((loop, index, own))
 
 
 _BENCHMARK_METHODS = ("benchmark", "benchmark_gpu", "benchmark_cpu")
