@@ -2,9 +2,9 @@
 
 The server may be root and the agent controls the workspace's contents, so a symlink planted by the
 agent must never lead the server outside. Paths are resolved component by component with O_NOFOLLOW
-relative to directory fds (no check-then-open race), walks use os.fwalk, writes go to a temporary file
-renamed into place (a planted hard link cannot redirect them), and in root mode only files owned by the
-session's agent uid are read or replaced.
+relative to directory fds (no check-then-open race), walks are iterative over directory fds (any
+depth), writes go to a temporary file renamed into place (a planted hard link cannot redirect them),
+and in root mode only files owned by the session's agent uid are read or replaced.
 """
 
 from __future__ import annotations
@@ -189,17 +189,53 @@ class WorkspaceFS:
                     raise ToolError(f"{self.display(rel)} is neither a file nor a directory")
             start = rel
         with self._dir(start) as top:
-            for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top):
-                dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".git"))
-                for fname in sorted(filenames):
-                    try:
-                        st = os.stat(fname, dir_fd=dirfd, follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    if not stat.S_ISREG(st.st_mode) or (self.owner and st.st_uid != self.owner[0]):
-                        continue
-                    sub = posixpath.normpath(posixpath.join(dirpath, fname))
-                    yield FileEntry(sub if start == "." else f"{start}/{sub}", st.st_size, st.st_mtime)
+            yield from self._files_below(top, start)
+
+    def _files_below(self, top: int, start: str) -> Iterator[FileEntry]:
+        """Pre-order, names sorted, without recursion (os.fwalk recurses once per level, and the agent
+        shapes the tree); a directory stays open only while it has unvisited subdirectories, and the
+        walk does not descend below MAX_OPEN_DIRS of those."""
+        stack: list[tuple[int, str, list[str]]] = []  # (fd, relative path, subdirectories left, reversed)
+        fd: int | None = os.dup(top)
+        rel = start
+        try:
+            while fd is not None or stack:
+                if fd is not None:
+                    files, subdirs = [], []
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            with contextlib.suppress(OSError):
+                                if not entry.is_dir(follow_symlinks=False):
+                                    files.append(entry.name)
+                                elif entry.name not in ("__pycache__", ".git"):
+                                    subdirs.append(entry.name)
+                    for fname in sorted(files):
+                        try:
+                            st = os.stat(fname, dir_fd=fd, follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        if stat.S_ISREG(st.st_mode) and not (self.owner and st.st_uid != self.owner[0]):
+                            yield FileEntry(
+                                fname if rel == "." else f"{rel}/{fname}", st.st_size, st.st_mtime
+                            )
+                    deeper = subdirs if len(stack) < MAX_OPEN_DIRS else []
+                    stack.append((fd, rel, sorted(deeper, reverse=True)))
+                    fd = None
+                parent, parent_rel, pending = stack[-1]
+                if not pending:
+                    os.close(stack.pop()[0])
+                    continue
+                name = pending.pop()
+                with contextlib.suppress(OSError):  # replaced by a symlink or removed: not followed
+                    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                    rel = name if parent_rel == "." else f"{parent_rel}/{name}"
+                if not pending:
+                    os.close(stack.pop()[0])
+        finally:
+            if fd is not None:
+                os.close(fd)
+            for open_fd, _, _ in stack:
+                os.close(open_fd)
 
 
 @dataclass(frozen=True)
