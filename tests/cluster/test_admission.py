@@ -240,7 +240,98 @@ MALFORMED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("pool-pids-too-low", edited(POOL, spec__limits={"pids": 1}), ("spec.limits.pids",)),
     ("pool-image-missing", edited(POOL, spec__image=None), ("spec.image", "Required")),
     ("pool-image-with-space", edited(POOL, spec__image="my image"), ("spec.image",)),
+    # Issue 13, admission pass: names the children need, sizes the server accepts, references, URIs.
+    (
+        "pool-name-not-a-dns-label",
+        edited(POOL, metadata__name="pool.with.dots"),
+        ("metadata.name of a SandboxPool must be a DNS label",),
+    ),
+    (
+        "pool-name-starts-with-digit",
+        edited(POOL, metadata__name="1pool"),
+        ("metadata.name of a SandboxPool must be a DNS label",),
+    ),
+    (
+        "pool-name-too-long-for-statefulset",
+        edited(POOL, metadata__name="p" * 53),
+        ("at most 52 characters",),
+    ),
+    (
+        "run-name-too-long-for-ray-head",
+        edited(RUN, metadata__name="r" * 55),
+        ("metadata.name of a TrainingRun must be a DNS label of at most 54 characters",),
+    ),
+    ("run-name-with-dots", edited(RUN, metadata__name="run.v2"), ("metadata.name of a TrainingRun",)),
+    (
+        "pool-memory-too-small",
+        edited(POOL, spec__limits={"memory": "1Gi"}),
+        ("spec.limits.memory", "between 2Gi and 16Ti"),
+    ),
+    (
+        "pool-memory-too-large",
+        edited(POOL, spec__limits={"memory": "32Ti"}),
+        ("spec.limits.memory", "between 2Gi and 16Ti"),
+    ),
+    (
+        "pool-workspace-too-small",
+        edited(POOL, spec__limits={"workspaceSize": "1Mi"}),
+        ("spec.limits.workspaceSize", "between 64Mi and 1Ti"),
+    ),
+    (
+        "pool-workspace-too-large",
+        edited(POOL, spec__limits={"workspaceSize": "2Ti"}),
+        ("spec.limits.workspaceSize", "between 64Mi and 1Ti"),
+    ),
+    ("pool-image-upper-case-path", edited(POOL, spec__image="registry.io/Team/img:1"), ("spec.image",)),
+    ("pool-image-short-digest", edited(POOL, spec__image="img@sha256:abc"), ("spec.image",)),
+    ("pool-image-bad-tag", edited(POOL, spec__image="img:-latest"), ("spec.image",)),
+    ("pool-gpu-product-empty", edited(POOL, spec__gpu={"product": ""}), ("spec.gpu.product",)),
+    ("pool-gpu-product-space", edited(POOL, spec__gpu={"product": "NVIDIA H200"}), ("spec.gpu.product",)),
+    (
+        "run-base-encoded-dot-dot",
+        edited(RUN, spec__model={"base": "s3://models/a/%2e%2e/secrets"}),
+        ("spec.model.base", "percent-encoded"),
+    ),
+    (
+        "run-base-empty-segment",
+        edited(RUN, spec__model={"base": "pvc://models/a//b"}),
+        ("spec.model.base", "normalised"),
+    ),
+    ("run-base-dot-segment", edited(RUN, spec__model={"base": "/models/./q"}), ("spec.model.base",)),
+    ("run-base-nul", edited(RUN, spec__model={"base": "/models/q\x00"}), ("spec.model.base",)),
+    (
+        "run-dataset-encoded-slash",
+        edited(RUN, spec__dataset={"uri": "s3://data/a%2F..%2Fb"}),
+        ("spec.dataset.uri",),
+    ),
 ]
+
+# Accepted: the forms the rules above must not catch.
+WELL_FORMED: list[tuple[str, dict[str, Any]]] = [
+    ("pool-name-52", edited(POOL, metadata__name="p" * 52)),
+    ("run-name-54", edited(RUN, metadata__name="r" * 54)),
+    (
+        "pool-image-registry-port-tag-digest",
+        edited(
+            POOL, spec__image="registry.example.com:5000/team/cuda-agent-sandbox:0.1.0@sha256:" + "a" * 64
+        ),
+    ),
+    ("pool-image-localhost", edited(POOL, spec__image="localhost/cuda-agent-sandbox")),
+    ("pool-limits-at-bounds", edited(POOL, spec__limits={"memory": "2Gi", "workspaceSize": "1Ti"})),
+    ("pool-limits-decimal", edited(POOL, spec__limits={"memory": "16000000000", "workspaceSize": "64Mi"})),
+    ("run-base-trailing-slash", edited(RUN, spec__model={"base": "s3://models/qwen3-8b/"})),
+]
+
+
+@pytest.mark.parametrize("document", [case[1] for case in WELL_FORMED], ids=[case[0] for case in WELL_FORMED])
+def test_well_formed_objects_are_accepted(
+    kube_cluster: Any, namespace: str, document: dict[str, Any]
+) -> None:
+    result = kube_cluster.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(document), check=False
+    )
+    assert result.returncode == 0, result.stderr
+    load_resource(document)  # and the models agree
 
 
 @pytest.mark.parametrize(

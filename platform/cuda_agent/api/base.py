@@ -41,6 +41,8 @@ MAX_CONDITIONS = 16
 
 # DNS-1123 subdomain: names of objects the operator creates or references (pools, claims, runtime classes).
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# DNS-1035 label: names that become Service names (which must also start with a letter).
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 # A resource quantity as Kubernetes writes memory and storage sizes ("512Mi", "32Gi", "1000000").
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$"
 
@@ -109,6 +111,9 @@ def immutable(field_name: str, why: str) -> CelRule:
 _S3 = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?"
 _PVC = r"pvc://[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?(/.*)?"
 _DOT_DOT = r"(^|/)\.\.(/|$)"
+# Not normalised: empty or "." segments, percent-encoded dots, slashes, backslashes or NUL (a ".." after
+# decoding), control characters.
+_UNNORMALISED = r"(^|[^:])//|(^|/)\.(/|$)|%(2[eEfF]|5[cC]|00)|[\x00-\x1f\x7f]"
 _SCHEME_PATTERNS = {"s3": _S3, "pvc": _PVC, "path": r"/.*"}
 _SCHEME_WORDS = {"s3": "s3://bucket/key", "pvc": "pvc://claim/path", "path": "an absolute path"}
 
@@ -118,12 +123,34 @@ def storage_uri(field_name: str, schemes: tuple[Literal["s3", "pvc", "path"], ..
     pattern = "^(" + "|".join(_SCHEME_PATTERNS[s] for s in schemes) + ")$"
     words = ", ".join(_SCHEME_WORDS[s] for s in schemes[:-1])
     words = f"{words} or {_SCHEME_WORDS[schemes[-1]]}" if words else _SCHEME_WORDS[schemes[-1]]
-    compiled, dot_dot = re.compile(pattern), re.compile(_DOT_DOT)
+    compiled, dot_dot, unnormalised = re.compile(pattern), re.compile(_DOT_DOT), re.compile(_UNNORMALISED)
     return CelRule(
-        f"self.matches({_cel_string(pattern)}) && !self.matches({_cel_string(_DOT_DOT)})",
-        f"{field_name} must be {words} (without '..' segments)",
+        f"self.matches({_cel_string(pattern)}) && !self.matches({_cel_string(_DOT_DOT)})"
+        f" && !self.matches({_cel_string(_UNNORMALISED)})",
+        f"{field_name} must be {words} (without '..' segments), normalised: no empty or '.' segments, "
+        "no percent-encoded '.', '/', '\\' or NUL, no control characters",
         # fullmatch: Python's `$` also matches before a trailing newline, RE2's does not.
-        check=lambda uri: compiled.fullmatch(uri) is not None and dot_dot.search(uri) is None,
+        check=lambda uri: (
+            compiled.fullmatch(uri) is not None
+            and dot_dot.search(uri) is None
+            and unnormalised.search(uri) is None
+        ),
+    )
+
+
+def object_name_rule(kind: str, max_length: int, why: str) -> CelRule:
+    """A root rule: metadata.name is a DNS-1035 label of at most `max_length` characters, because the
+    operator names children after it (`why`)."""
+    label = re.compile(DNS_LABEL)
+    return CelRule(
+        f"!has(self.metadata.name) || (size(self.metadata.name) <= {max_length}"
+        f" && self.metadata.name.matches({_cel_string(DNS_LABEL)}))",
+        f"metadata.name of a {kind} must be a DNS label of at most {max_length} characters (lower-case "
+        f"letters, digits and '-', starting with a letter): {why}",
+        check=lambda obj: (
+            obj.metadata.name is None
+            or (len(obj.metadata.name) <= max_length and label.fullmatch(obj.metadata.name) is not None)
+        ),
     )
 
 

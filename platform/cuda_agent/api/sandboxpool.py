@@ -26,6 +26,7 @@ from cuda_agent.api.base import (
     ScaleSubresource,
     conditions_field,
     immutable,
+    object_name_rule,
     section,
 )
 
@@ -34,6 +35,37 @@ _EXTENDED_RESOURCE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.
 # Label value (the product name goes into a node selector).
 _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 _DOT_DOT = re.compile(r"(^|/)\.\.(/|$)")
+# An image reference as the distribution grammar spells it: [registry[:port]/]path[:tag][@digest].
+_HOST_PART = r"[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?"
+_DOMAIN = rf"(localhost|{_HOST_PART}(\.{_HOST_PART})+)(:[0-9]{{1,5}})?"
+_PATH = r"[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = (
+    rf"^({_DOMAIN}/)?{_PATH}(/{_PATH})*(:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+# The pool names its StatefulSet and headless Service: a Service name is a DNS-1035 label, and each pod
+# gets a `controller-revision-hash: <name>-<10 characters>` label, which must fit a label's 63.
+MAX_POOL_NAME = 52
+
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_UNITS |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+
+
+def mebibytes(quantity: str) -> int:
+    """A Kubernetes quantity ("10Gi", "500M", "1000000") in MiB, rounded up."""
+    number = quantity.rstrip("KMGTPik")
+    return -(-int(float(number) * _UNITS[quantity[len(number) :]]) // 2**20)
+
+
+def _quantity_between(field_name: str, low: str, high: str) -> CelRule:
+    """A size within [low, high], at admission (CEL's quantity library) and in Python."""
+    low_mib, high_mib = mebibytes(low), mebibytes(high)
+    return CelRule(
+        f"!isQuantity(self) || (quantity(self).compareTo(quantity('{low}')) >= 0"
+        f" && quantity(self).compareTo(quantity('{high}')) <= 0)",
+        f"{field_name} must be between {low} and {high}",
+        check=lambda q: re.fullmatch(QUANTITY, q) is None or low_mib <= mebibytes(q) <= high_mib,
+    )
 
 
 class SandboxPoolConditionType(StrEnum):
@@ -87,6 +119,7 @@ class GpuSpec(ApiModel):
     count: StrictInt = Field(default=1, ge=0, le=16, description="GPUs per pod; 0 runs CPU-only sandboxes.")
     product: str | None = Field(
         default=None,
+        min_length=1,
         max_length=63,
         pattern=_LABEL_VALUE,
         description="Required value of the node label nvidia.com/gpu.product (e.g. NVIDIA-H200), so all "
@@ -164,18 +197,22 @@ class LimitsSpec(ApiModel):
         le=3600,
         description="Wall-clock limit of one verify or profile run, and of one bash command.",
     )
-    memory: str = Field(
-        default="32Gi", max_length=32, pattern=QUANTITY, description="Memory limit of a sandbox pod."
-    )
+    # Bounds: a pod must hold the server, a judge importing torch and an agent's build (~1-2 GiB), and
+    # no node has more than a few TiB; the workspace quota maps onto SandboxServerConfig's
+    # workspace_quota_mib, which accepts 16 MiB to 1 TiB.
+    memory: Annotated[
+        str,
+        Field(max_length=32, pattern=QUANTITY),
+        _quantity_between("spec.limits.memory", "2Gi", "16Ti"),
+    ] = Field(default="32Gi", description="Memory limit of a sandbox pod (2Gi to 16Ti).")
     pids: StrictInt = Field(
         default=1024, ge=64, le=1_000_000, description="Most processes a session may run at once."
     )
-    workspace_size: str = Field(
-        default="10Gi",
-        max_length=32,
-        pattern=QUANTITY,
-        description="Size limit of a session's workspace directory.",
-    )
+    workspace_size: Annotated[
+        str,
+        Field(max_length=32, pattern=QUANTITY),
+        _quantity_between("spec.limits.workspaceSize", "64Mi", "1Ti"),
+    ] = Field(default="10Gi", description="Size limit of a session's workspace directory (64Mi to 1Ti).")
 
 
 class SandboxPoolSpec(ApiModel):
@@ -204,8 +241,9 @@ class SandboxPoolSpec(ApiModel):
     image: str = Field(
         min_length=1,
         max_length=MAX_IMAGE,
-        pattern=r"^\S+$",
-        description="Sandbox server image built from sandbox_image/, e.g. registry/cuda-agent-sandbox:0.1.0.",
+        pattern=IMAGE_REFERENCE,
+        description="Sandbox server image built from sandbox_image/, e.g. registry/cuda-agent-sandbox:0.1.0 "
+        "([registry[:port]/]path[:tag][@digest]).",
     )
     security: SecuritySpec = section(SecuritySpec, "Seccomp profile and runtime class.")
     limits: LimitsSpec = section(LimitsSpec, "Per-session time, memory, process and disk limits.")
@@ -234,6 +272,11 @@ class SandboxPoolStatus(ApiModel):
 class SandboxPool(CustomResource):
     """A pool of hardened GPU sandboxes that run agent sessions and judge CUDA kernels."""
 
+    cel_rules = (
+        object_name_rule(
+            "SandboxPool", MAX_POOL_NAME, "it names the pool's StatefulSet, Service and their pods' labels"
+        ),
+    )
     plural = "sandboxpools"
     singular = "sandboxpool"
     short_names = ("sp",)

@@ -24,10 +24,16 @@ from cuda_agent.api.base import (
     PrinterColumn,
     conditions_field,
     immutable,
+    object_name_rule,
     section,
     storage_uri,
 )
 from cuda_agent.sandbox.api import ToolName
+
+
+# Children are named <name>-ray-head (pod hostname, Service), <name>-head-svc (KubeRay), <name>-driver...;
+# the longest that must be a DNS label is "-ray-head" (9 characters) after the name.
+MAX_RUN_NAME = 63 - len("-ray-head")
 
 
 class TrainingRunPhase(StrEnum):
@@ -493,6 +499,14 @@ class TrainingRunStatus(ApiModel):
 class TrainingRun(CustomResource):
     """An agentic PPO training of a CUDA-kernel-writing policy, with its rollouts judged by a SandboxPool."""
 
+    cel_rules = (
+        object_name_rule(
+            "TrainingRun",
+            MAX_RUN_NAME,
+            "the Ray head pod's hostname and Service are <name>-ray-head (KubeRay's <name>-head-svc), "
+            "which must fit a DNS label's 63",
+        ),
+    )
     plural = "trainingruns"
     singular = "trainingrun"
     short_names = ("tr",)

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType
+from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, mebibytes
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.manifests import SANDBOX_PORT, owner_reference, with_hash
@@ -32,8 +32,6 @@ TERMINATION_MARGIN_SECONDS = 30
 # Sessions one pod accepts: twice the autoscaler's target leaves room for bursts before it scales up.
 SESSIONS_PER_TARGET = 2
 SESSIONS_WITHOUT_AUTOSCALING = 8
-_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
-_UNITS |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 
 
 @dataclass(frozen=True)
@@ -50,12 +48,6 @@ def _metadata(pool: PoolIdentity, name: str, component: str) -> dict[str, Any]:
         "labels": lb.child_labels(lb.POOL_LABEL, pool.name, component),
         "ownerReferences": [owner_reference(lb.API_VERSION, lb.POOL_KIND, pool.name, pool.uid)],
     }
-
-
-def mebibytes(quantity: str) -> int:
-    """A Kubernetes quantity ("10Gi", "500M", "1000000") in MiB, rounded up."""
-    number = quantity.rstrip("KMGTPik")
-    return -(-int(float(number) * _UNITS[quantity[len(number) :]]) // 2**20)
 
 
 def max_sessions(spec: SandboxPoolSpec) -> int:
