@@ -30,7 +30,6 @@ from cuda_agent.api.base import (
 )
 from cuda_agent.sandbox.api import ToolName
 
-
 # Children are named <name>-ray-head (pod hostname, Service), <name>-head-svc (KubeRay), <name>-driver...;
 # the longest that must be a DNS label is "-ray-head" (9 characters) after the name.
 MAX_RUN_NAME = 63 - len("-ray-head")
@@ -390,6 +389,16 @@ class TrainerSpec(ApiModel):
     )
     activation_checkpointing: StrictBool = Field(
         default=True, description="Recompute decoder-layer activations in the backward pass."
+    )
+    save_attention_outputs: StrictBool = Field(
+        default=True,
+        description="Selective activation checkpointing: keep each layer's attention output (O(tokens) "
+        "memory) so the backward pass recomputes everything but the quadratic attention.",
+    )
+    attention_backend: Literal["auto", "flash", "cudnn"] = Field(
+        default="auto",
+        description="Scaled-dot-product attention kernel on GPUs: auto (PyTorch's choice), flash "
+        "(FlashAttention-2) or cudnn (cuDNN's fused attention, faster on Hopper at long context).",
     )
     ppo_epochs: StrictInt = Field(default=1, ge=1, le=100, description="Passes over each rollout batch.")
     mini_batches: StrictInt = Field(

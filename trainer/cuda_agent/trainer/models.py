@@ -6,12 +6,14 @@ Forward passes return hidden states, never full logits: `chunked` turns them int
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedModel
 
 from cuda_agent.api.trainingrun import ModelSource, TrainerSpec
@@ -47,9 +49,40 @@ def load_pretrained(auto: Any, source: ModelSource, uri: str, spec: TrainerSpec)
     return cast(PreTrainedModel, model)
 
 
-def _enable_checkpointing(model: PreTrainedModel, spec: TrainerSpec) -> None:
-    if spec.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[no-untyped-call]
+def _attention_ops() -> frozenset[Any]:
+    names = (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    return frozenset(getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n))
+
+
+def _keep_attention(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in _attention_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def enable_checkpointing(model: PreTrainedModel, spec: TrainerSpec) -> None:
+    """Recompute each decoder layer in the backward pass; with save_attention_outputs, all of it but the
+    attention kernel, whose output is kept: at 131k tokens attention is most of a layer's time and its
+    output only tokens x hidden."""
+    if not spec.activation_checkpointing:
+        return
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if spec.save_attention_outputs:
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_attention)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[no-untyped-call]
+
+
+def set_attention_backend(spec: TrainerSpec) -> None:
+    """Process-wide SDPA kernel choice (the backward's recompute must pick the same kernel as the forward)."""
+    if spec.attention_backend == "auto":
+        return
+    cudnn = spec.attention_backend == "cudnn"
+    torch.backends.cuda.enable_cudnn_sdp(cudnn)
+    torch.backends.cuda.enable_flash_sdp(not cudnn)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
 
 
 def backbone_of(model: PreTrainedModel) -> nn.Module:
@@ -86,8 +119,9 @@ class Policy(nn.Module):
 
 
 def build_policy(source: ModelSource, spec: TrainerSpec) -> Policy:
+    set_attention_backend(spec)
     model = load_pretrained(AutoModelForCausalLM, source, source.base, spec)
-    _enable_checkpointing(model, spec)
+    enable_checkpointing(model, spec)
     return Policy(model, spec.logits_chunk_tokens)
 
 
@@ -121,7 +155,7 @@ class Critic(nn.Module):
 def build_critic(source: ModelSource, spec: TrainerSpec) -> Critic:
     uri = source.critic or source.base
     backbone = load_pretrained(AutoModel, source, uri, spec)
-    _enable_checkpointing(backbone, spec)
+    enable_checkpointing(backbone, spec)
     critic = Critic(backbone, int(backbone.config.hidden_size), spec.seed)
     head = Path(local_model_dir(uri)) / "value_head.pt"
     if source.critic and head.exists():

@@ -1,0 +1,100 @@
+"""Shared set-up of the trainer benchmarks (bench/long_context.py, bench/ppo_throughput.py): Qwen2-shaped
+random-init models built directly on the device, a TrainingRun spec for the roles, timing and memory."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers import Qwen2Config
+
+from cuda_agent.api.trainingrun import TrainingRun, TrainingRunSpec
+
+CONFIGS = {
+    # Qwen2-1.5B / Qwen2-0.5B shapes (random weights; nothing is downloaded)
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151_936,
+        tie_word_embeddings=True,
+    ),
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151_936,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def qwen2_config(name: str, max_positions: int) -> Qwen2Config:
+    return Qwen2Config(
+        **CONFIGS[name], max_position_embeddings=max_positions, rope_theta=1_000_000.0, use_cache=False
+    )
+
+
+def device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def run_spec(**trainer: Any) -> TrainingRunSpec:
+    doc = {
+        "apiVersion": "cuda-agent.io/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": "bench"},
+        "spec": {
+            "model": {"base": "/unused", "randomInit": True},
+            "dataset": {"uri": "/unused"},
+            "sandboxPoolRef": {"name": "none"},
+            "algorithm": {"steps": 1, "klCoef": 0.01},
+            "checkpoint": {"everySteps": 1},
+            "trainer": {"engine": "torch", "precision": "bf16", "useRay": False, **trainer},
+        },
+    }
+    return TrainingRun.model_validate(doc).spec
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    sync()
+    start = time.perf_counter()
+    result = fn()
+    sync()
+    return time.perf_counter() - start, result
+
+
+def reset_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib() -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
