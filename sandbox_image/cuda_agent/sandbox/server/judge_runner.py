@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from cuda_agent.sandbox.api import MAX_CANDIDATE_FILES
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
 from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
 from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_group, kill_uid_processes
@@ -37,7 +38,7 @@ from cuda_agent.sandbox.server.workspace_fs import remove_tree
 log = logging.getLogger(__name__)
 
 MAX_SNAPSHOT_BYTES = 256 << 20
-MAX_SNAPSHOT_FILES = 5000
+MAX_SNAPSHOT_FILES = MAX_CANDIDATE_FILES  # one home: the contract caps evaluate's `files` alike
 _STDOUT_LIMIT = 8 << 20
 _STDERR_TAIL = 4000
 _SKIP_DIRS = {"__pycache__", ".git"}
