@@ -26,12 +26,12 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _trainer_common import device, is_oom, peak_gib, qwen2_config, reset_memory, run_spec, timed  # noqa: E402
+from _trainer_common import device, is_oom, peak_gib, qwen2_config, reset_memory, run_spec, timed
 
-from cuda_agent.trainer.experience import Episode  # noqa: E402
-from cuda_agent.trainer.models import Policy, enable_checkpointing, set_attention_backend  # noqa: E402
-from cuda_agent.trainer.roles import PolicyActor  # noqa: E402
-from cuda_agent.trainer.weight_sync import load_bucket, sync_weights  # noqa: E402
+from cuda_agent.trainer.experience import Episode
+from cuda_agent.trainer.models import Policy, enable_checkpointing, set_attention_backend
+from cuda_agent.trainer.roles import PolicyActor
+from cuda_agent.trainer.weight_sync import load_bucket, sync_weights
 
 PROMPT = 1024
 CHUNK = 8192
@@ -203,7 +203,8 @@ def main() -> int:
     for r in rows:
         if "tokens" in r:
             print(
-                f"| {r['run']} | {r['tokens']:,} | {r['status']} | {r.get('step_s', '')} | {r.get('tokens_per_s', '')} | {r['peak_gib']} |"
+                f"| {r['run']} | {r['tokens']:,} | {r['status']} | {r.get('step_s', '')} "
+                f"| {r.get('tokens_per_s', '')} | {r['peak_gib']} |"
             )
     print(json.dumps(sync_row))
     print(json.dumps(summary))

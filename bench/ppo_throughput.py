@@ -28,14 +28,14 @@ from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _trainer_common import device, is_oom, peak_gib, qwen2_config, reset_memory, run_spec, timed  # noqa: E402
+from _trainer_common import device, is_oom, peak_gib, qwen2_config, reset_memory, run_spec, timed
 
-from cuda_agent.agent.trajectory import Trajectory  # noqa: E402
-from cuda_agent.trainer import ppo  # noqa: E402
-from cuda_agent.trainer.experience import collate, episode_from_trajectory, pack_micro_batches  # noqa: E402
-from cuda_agent.trainer.models import Critic, Policy, enable_checkpointing, set_attention_backend  # noqa: E402
-from cuda_agent.trainer.roles import PolicyActor, Reference, ValueCritic  # noqa: E402
-from cuda_agent.trainer.step import compute_advantages, ppo_step  # noqa: E402
+from cuda_agent.agent.trajectory import Trajectory
+from cuda_agent.trainer import ppo
+from cuda_agent.trainer.experience import collate, episode_from_trajectory, gather, pack_micro_batches
+from cuda_agent.trainer.models import Critic, Policy, enable_checkpointing, set_attention_backend
+from cuda_agent.trainer.roles import PolicyActor, Reference, ValueCritic
+from cuda_agent.trainer.step import compute_advantages, ppo_step
 
 
 def trajectories(count: int, min_len: int, max_len: int, vocab: int) -> list[Trajectory]:
@@ -87,7 +87,8 @@ def ours(model: str, batch: list[Trajectory], budget: int, steps: int, backend: 
     critic = ValueCritic(spec, device(), Critic(backbone, backbone.config.hidden_size).to(device()))
     reference = Reference(spec, device(), Policy(ref, 8192))
     return [
-        timed(lambda: ppo_step(batch, actor, critic, reference, spec, step_seed=s))[0] for s in range(steps)
+        timed(lambda s=s: ppo_step(batch, actor, critic, reference, spec, step_seed=s))[0]
+        for s in range(steps)
     ]
 
 
@@ -138,11 +139,13 @@ def baseline(model: str, batch: list[Trajectory], budget: int, steps: int) -> li
         n_tokens = sum(float(e.mask.sum()) for e in episodes)
         lm.train()
         for mb in mbs:
-            g = lambda name: torch.nn.utils.rnn.pad_sequence(
-                [getattr(episodes[i], name) for i in mb.indices], batch_first=True
-            ).to(dev)  # noqa: E731
             res = ppo.policy_loss(
-                logprobs(lm, mb), g("old_logprobs"), g("advantages"), mb.mask, a.clip_low, a.clip_high
+                logprobs(lm, mb),
+                gather(episodes, mb, "old_logprobs"),
+                gather(episodes, mb, "advantages"),
+                mb.mask,
+                a.clip_low,
+                a.clip_high,
             )
             (res.loss_sum / n_tokens).backward()
         torch.nn.utils.clip_grad_norm_(lm.parameters(), t.max_grad_norm)
@@ -150,10 +153,13 @@ def baseline(model: str, batch: list[Trajectory], budget: int, steps: int) -> li
         actor_opt.zero_grad(set_to_none=True)
         backbone.train()
         for mb in mbs:
-            g = lambda name: torch.nn.utils.rnn.pad_sequence(
-                [getattr(episodes[i], name) for i in mb.indices], batch_first=True
-            ).to(dev)  # noqa: E731
-            loss, _ = ppo.value_loss(values(mb), g("values"), g("returns"), mb.mask, t.value_clip)
+            loss, _ = ppo.value_loss(
+                values(mb),
+                gather(episodes, mb, "values"),
+                gather(episodes, mb, "returns"),
+                mb.mask,
+                t.value_clip,
+            )
             (loss / n_tokens).backward()
         torch.nn.utils.clip_grad_norm_(critic_params, t.max_grad_norm)
         critic_opt.step()
@@ -221,7 +227,8 @@ def main() -> int:
     print("\n| run | micro-batch tokens | step s | tokens/s | peak GiB |\n|---|---|---|---|---|")
     for r in rows[:-1]:
         print(
-            f"| {r['run']} | {r['budget']} | {r.get('step_s', 'OOM')} | {r.get('tokens_per_s', '')} | {r.get('peak_gib', '')} |"
+            f"| {r['run']} | {r['budget']} | {r.get('step_s', 'OOM')} | {r.get('tokens_per_s', '')} "
+            f"| {r.get('peak_gib', '')} |"
         )
     print(json.dumps(summary))
     return 0
