@@ -147,8 +147,9 @@ def watch(cluster: LocalCluster, name: str, timeout: float, started: float) -> O
             print(f"\n$ kubectl get tr {name}\n{table[0]}")
             header_printed = True
         tty = sys.stdout.isatty()  # on a terminal the bar redraws in place; in a log it is one line per poll
-        if len(table) > 1 and table[1] != seen.last_row:
-            seen.last_row = table[1]
+        row = table[1].rsplit(maxsplit=1)[0] if len(table) > 1 else ""  # AGE ticks: not a change
+        if row and row != seen.last_row:
+            seen.last_row = row
             print(f"\r{' ' * 130}\r{table[1]}" if tty else table[1], flush=True)
         _record(seen, status)
         bar = f"{progress_line(run)}  {time.monotonic() - started:5.0f}s"
