@@ -189,3 +189,37 @@ def test_device_limits_are_measured_once_and_a_tampered_cache_is_ignored(tmp_pat
     data = json.loads(files[0].read_text())
     files[0].write_text(json.dumps({**data, "copy_gbs": -1.0}))
     assert plausibility._load(files[0], first.key) is None
+
+
+def test_host_cross_check_checks_its_sampled_calls_on_their_own_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host loop's logic on CPU tensors. Its full device synchronisation is replaced by a no-op here
+    (no GPU on this machine; the loop itself runs on the H200 in tests/gpu/judge_gpu.py). A candidate
+    that reuses one output buffer is checked on what each checked call returned, not on the buffer's
+    final state; a stale candidate is caught on the sampled calls."""
+    monkeypatch.setattr(timing, "_cuda_synchronize", lambda: None)
+    seeds: list[list[timing.Draw]] = [[100 * r + j for j in range(5)] for r in range(3)]
+    checked = {3, 9, 14}
+
+    def honest(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
+        return a * b + k
+
+    reused = torch.empty(64, 32)
+
+    def into_one_buffer(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.mul(a, b, out=reused).add_(k)
+
+    flat = [s for round_seeds in seeds for s in round_seeds]
+    for candidate, stale in ((into_one_buffer, False), (_stale(2), True)):
+        feed = timing.Feed(_make, 0, per_call=False)
+        seen: dict[int, bool] = {}
+
+        def after(name: str, k: int, out: Any, seen: dict[int, bool] = seen) -> None:
+            assert name == "candidate" and k in checked, "only checked candidate outputs are kept"
+            seen[k] = torch.equal(out, honest(*timing.draw_values(_make, flat[k])))
+
+        host = timing.host_per_call_ms({"candidate": candidate, "eager": honest}, feed, seeds, after, checked)
+        assert set(host) == {"candidate", "eager", "refill"}
+        assert set(seen) == checked
+        assert all(seen.values()) != stale

@@ -245,16 +245,21 @@ def host_per_call_ms(
                         _copy(x, new)
                 if fn is not None:
                     out = fn(*feed.inputs)
-                    copy = name == "candidate" and r * len(pool) + j in checked
-                    outs.append(_snapshot(out) if copy else out)
+                    # Unchecked plain-tensor outputs are dropped at once, as an ordinary caller would,
+                    # so the allocator recycles them exactly as in the other loops.
+                    if name == "candidate" and r * len(pool) + j in checked:
+                        outs.append(_snapshot(out))
+                    else:
+                        outs.append(None if type(out) is torch.Tensor else out)
                     del out
             _cuda_synchronize()
             per_call = (_perf_counter_ns() - t0) / 1e6 / max(len(pool), 1)
             best[name] = min(best.get(name, per_call), per_call)
             # Checked only after the window; each output was produced from pool[j], the values of call j.
-            for j, out in enumerate(outs):
-                feed.values, feed.current = pool[j], j == len(pool) - 1
-                after(name, r * len(pool) + j, out)
+            for j, kept in enumerate(outs):
+                if kept is not None:
+                    feed.values, feed.current = pool[j], j == len(pool) - 1
+                    after(name, r * len(pool) + j, kept)
             feed.current = True
             del outs
         del pool
