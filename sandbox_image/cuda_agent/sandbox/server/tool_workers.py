@@ -2,8 +2,10 @@
 bash_output filter, so a slow pattern, a huge edit or a deep walk costs one worker process under a time
 and memory limit, never the server's event loop, interpreter or memory.
 
-Workers are forked from a forkserver started after the server hardened itself (same mount namespace,
-no threads inherited); each marks itself non-dumpable, since it reads every session's files. A call
+Workers are spawned (a fresh interpreter talking over an inherited socketpair), never through
+multiprocessing's forkserver: its listening socket has a path that an agent command of the same uid
+(restricted mode) could connect to and have arbitrary pickled code run outside its seccomp filter and
+Landlock rules. Each worker marks itself non-dumpable, since it reads every session's files. A call
 that runs past its time limit has its worker killed and replaced; the agent reads why.
 """
 
@@ -21,8 +23,7 @@ from typing import Any
 from cuda_agent.sandbox.server import file_tools
 from cuda_agent.sandbox.server.workspace_fs import ToolError
 
-_CTX = multiprocessing.get_context("forkserver")
-_CTX.set_forkserver_preload(["cuda_agent.sandbox.server.tool_workers"])
+_CTX = multiprocessing.get_context("spawn")
 
 MARKER_SLACK = 200  # a tool that cut its own output adds a note; leave it whole
 # What a worker may run: the file tools and the filter, looked up by name so requests stay picklable.
@@ -118,7 +119,7 @@ class ToolWorkers:
         return _Worker(process, parent)
 
     async def prestart(self) -> None:
-        """Start the forkserver and one worker now, so the first tool call does not pay for them."""
+        """Start one worker now (an interpreter start), so the first tool call does not pay for it."""
         worker = await asyncio.get_running_loop().run_in_executor(self._threads, self._start)
         self._idle.append(worker)
 
