@@ -135,7 +135,19 @@ def progress_line(run: dict[str, Any]) -> str:
     return f"[{'#' * done}{'-' * (BAR_WIDTH - done)}] step {step}/{steps}  {message[:90]}"
 
 
-def watch(cluster: LocalCluster, name: str, timeout: float, started: float) -> Observation:
+def trainer_news(log: Path) -> str:
+    """The trainer's latest INFO line (stage, kept trajectories, ...), from its log in the run directory."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - 16384))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    found = [line.split(": ", 1)[1] for line in lines if " INFO cuda_agent." in line and ": " in line]
+    return found[-1] if found else ""
+
+
+def watch(cluster: LocalCluster, name: str, timeout: float, started: float, run_dir: Path) -> Observation:
     """Print `kubectl get tr` whenever its row changes and a progress bar, until the run ends."""
     seen = Observation()
     header_printed = False
@@ -150,10 +162,11 @@ def watch(cluster: LocalCluster, name: str, timeout: float, started: float) -> O
         row = table[1].rsplit(maxsplit=1)[0] if len(table) > 1 else ""  # AGE ticks: not a change
         if row and row != seen.last_row:
             seen.last_row = row
-            print(f"\r{' ' * 130}\r{table[1]}" if tty else table[1], flush=True)
+            print(f"\r{' ' * 160}\r{table[1]}" if tty else table[1], flush=True)
         _record(seen, status)
-        bar = f"{progress_line(run)}  {time.monotonic() - started:5.0f}s"
-        print(f"\r{bar[:128]}" if tty else bar, end="" if tty else "\n", flush=True)
+        news = trainer_news(run_dir / "trainer.log")
+        bar = f"{progress_line(run)}  {time.monotonic() - started:5.0f}s" + (f"  | {news}" if news else "")
+        print(f"\r{bar[:160]:<160}" if tty else bar, end="" if tty else "\n", flush=True)
         if status.get("phase") in TERMINAL_PHASES:
             print()
             return seen
@@ -258,7 +271,7 @@ def run_demo(args: argparse.Namespace, cluster: LocalCluster) -> int:
         operator = start_operator(kubeconfig, workdir, args.trainer_command)
         say(f"kubectl apply -f {args.run}")
         cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(documents))
-        seen = watch(cluster, name, args.timeout, started)
+        seen = watch(cluster, name, args.timeout, started, workdir / "runs" / NAMESPACE / name)
         run = get_run(cluster, name)
         print(summary(run, seen, workdir / "runs" / NAMESPACE / name, minio))
         say("done")
@@ -298,6 +311,9 @@ def main(argv: Sequence[str]) -> int:
     except (DemoError, ClusterError, KubectlError, GoMissingError, BuildError, RuntimeError) as err:
         print(f"cuda-agent demo: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ncuda-agent demo: interrupted; stopping everything it started", file=sys.stderr)
+        return 130
     finally:
         if not args.keep:
             cluster.down()
