@@ -4,12 +4,24 @@ random-init models built directly on the device, a TrainingRun spec for the role
 from __future__ import annotations
 
 import gc
+import importlib.util
+import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from transformers import Qwen2Config
+
+# The GPU host lacks OpenTelemetry, which cuda_agent.agent's __init__ pulls in through the agent loop; the
+# benchmarks need only its trajectory record, so the package is registered without running its __init__.
+if importlib.util.find_spec("opentelemetry") is None and "cuda_agent.agent" not in sys.modules:
+    _spec = importlib.util.find_spec("cuda_agent.agent")
+    assert _spec is not None and _spec.submodule_search_locations is not None
+    _agent = types.ModuleType("cuda_agent.agent")
+    _agent.__path__ = list(_spec.submodule_search_locations)
+    sys.modules["cuda_agent.agent"] = _agent
 
 from cuda_agent.api.trainingrun import TrainingRun, TrainingRunSpec
 
