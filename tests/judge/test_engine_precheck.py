@@ -75,6 +75,24 @@ def test_torch_compute_reachable_from_a_used_function_is_refused(tmp_path: Path)
     assert screen.precheck_candidate(ok, COMPUTE_OPS).violations == []
 
 
+def test_torch_compute_written_in_forward_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "py"
+    root.mkdir()
+    (root / "model_new.py").write_text(
+        "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nimport cuda_extension\n\n\n"
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.w = torch.sigmoid(torch.ones(3))\n\n"
+        "    def forward(self, x):\n        y = torch.empty_like(x)\n"
+        "        return F.gelu(cuda_extension.op(x)) + torch.cat([y])\n"
+    )
+    result = screen.precheck_candidate(root, COMPUTE_OPS)
+    assert result.violations == [
+        "torch-compute: aten::gelu (torch.nn.functional.gelu in ModelNew.forward at model_new.py:14; "
+        "found before the build; PyTorch compute is not a custom kernel)"
+    ]
+
+
 def test_bindings_both_forms_and_function_bodies() -> None:
     source = """
     #include "../binding_registry.h"

@@ -882,9 +882,48 @@ def precheck_candidate(root: Path, compute_ops: frozenset[str]) -> PrecheckResul
                 f"torch-compute: aten::{op} (torch::{op} / at::{op}) reachable from the extension function "
                 f"{name!r} (found before the build; PyTorch compute is not a custom kernel)"
             )
+    result.violations += forward_compute(tree, compute_ops)
     result.errors = list(dict.fromkeys(result.errors))
     result.violations = list(dict.fromkeys(result.violations))
     return result
+
+
+_TORCH_FUNCTION_MODULES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft")
+
+
+def forward_compute(tree: ast.Module, compute_ops: frozenset[str]) -> list[str]:
+    """`torch.op(...)` / `F.op(...)` calls of forbidden ops written in ModelNew.forward itself (aliases
+    resolved from the module's imports; tensor methods and helper functions are left to run time)."""
+    aliases: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                aliases[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    found: list[str] = []
+    for cls in tree.body:
+        if not (isinstance(cls, ast.ClassDef) and cls.name == "ModelNew"):
+            continue
+        for method in cls.body:
+            if not (isinstance(method, ast.FunctionDef) and method.name == "forward"):
+                continue
+            for call in ast.walk(method):
+                if not isinstance(call, ast.Call):
+                    continue
+                dotted = _dotted(call.func, _Scope(aliases=aliases))
+                if dotted is None or "." not in dotted:
+                    continue
+                module, _, name = dotted.rpartition(".")
+                if module in _TORCH_FUNCTION_MODULES and name in compute_ops:
+                    found.append(
+                        f"torch-compute: aten::{name} ({dotted} in ModelNew.forward at model_new.py:"
+                        f"{call.lineno}; found before the build; PyTorch compute is not a custom kernel)"
+                    )
+    return found
 
 
 def screen_tree(root: Path) -> list[str]:
