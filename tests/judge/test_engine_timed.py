@@ -223,3 +223,19 @@ def test_host_cross_check_checks_its_sampled_calls_on_their_own_values(
         assert set(host) == {"candidate", "eager", "refill"}
         assert set(seen) == checked
         assert all(seen.values()) != stale
+
+
+def test_range_lookup_matches_a_plain_scan_also_when_ranges_nest() -> None:
+    """Device work is attributed to the first range containing its launch; the binary search used for
+    the judge's back-to-back ranges must agree with a scan, and fall back to it when ranges overlap."""
+    from cuda_agent.sandbox.judge.kineto import Span
+
+    flat = [Span(f"r{i}", 10 * i, 10 * i + 8, 1) for i in range(50)]
+    nested = [*flat, Span("inner", 101, 104, 1)]
+    launches = [Span("cudaLaunchKernel", t, t + 1, thread) for t in range(0, 510, 3) for thread in (1, 2)]
+    for spans in (flat, nested, list(reversed(nested))):
+        lookup = timing._Ranges(spans)
+        assert lookup.nested == (len(spans) > len(flat))
+        for launch in launches:
+            assert lookup.first_containing(launch) == next((r for r in spans if r.contains(launch)), None)
+    assert timing._Ranges(flat).first_containing(None) is None

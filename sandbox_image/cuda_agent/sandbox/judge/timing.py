@@ -12,6 +12,7 @@ Timer functions are bound here, at import, before any candidate code exists in t
 
 from __future__ import annotations
 
+import bisect
 import random
 import statistics
 import time
@@ -127,6 +128,26 @@ class Feed:
 AfterCall = Callable[[str, int, Any], None]
 
 
+class _Ranges:
+    """The first of `spans` (in their order) containing a launch. The judge's own ranges follow each
+    other without overlap, so one binary search finds it; should any overlap (ranges of the same names
+    opened inside a call), every span is scanned in order, exactly as a plain search would."""
+
+    def __init__(self, spans: list[kineto.Span]) -> None:
+        self.spans = spans
+        self.ordered = sorted(spans, key=lambda r: (r.start, r.end))
+        self.starts = [r.start for r in self.ordered]
+        self.nested = any(b.start <= a.end for a, b in zip(self.ordered, self.ordered[1:], strict=False))
+
+    def first_containing(self, launch: kineto.Span | None) -> kineto.Span | None:
+        if launch is None:
+            return None
+        if self.nested:
+            return next((r for r in self.spans if r.contains(launch)), None)
+        i = bisect.bisect_right(self.starts, launch.start) - 1
+        return self.ordered[i] if i >= 0 and self.ordered[i].contains(launch) else None
+
+
 def cuda_device_times(
     fns: dict[str, Callable[..., Any]],
     feed: Feed,
@@ -156,16 +177,17 @@ def cuda_device_times(
                 del out
         _cuda_synchronize()
     trace = kineto.read_trace(prof)
-    ranges = trace.ranges(prefix=TIMED_PREFIX) + trace.ranges(name=FLUSH_RANGE)
-    untimed = trace.ranges(name=UNTIMED_RANGE)
+    ranges = _Ranges(trace.ranges(prefix=TIMED_PREFIX) + trace.ranges(name=FLUSH_RANGE))
+    untimed = _Ranges(trace.ranges(name=UNTIMED_RANGE))
     device_ns: dict[str, int] = {}
     kernel_count: dict[str, int] = {}
     unattributed_ns = 0
     for work in trace.device:
         launch = work.launch
-        label = next((r.name for r in ranges if launch is not None and r.contains(launch)), None)
+        owner = ranges.first_containing(launch)
+        label = owner.name if owner is not None else None
         if label is None:
-            if launch is None or not any(r.contains(launch) for r in untimed):
+            if untimed.first_containing(launch) is None:
                 unattributed_ns += work.ns
         elif label != FLUSH_RANGE:
             device_ns[label] = device_ns.get(label, 0) + work.ns
