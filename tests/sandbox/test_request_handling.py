@@ -160,6 +160,43 @@ def test_a_slow_tool_is_stopped_at_its_time_limit_while_others_are_served(server
     assert status == 200 and not body["is_error"]
 
 
+def test_a_session_firing_slow_calls_holds_only_its_share_of_the_tool_workers() -> None:
+    """Two workers, one per session: six concurrent slow greps of one session leave the other worker
+    to the victim (without the share they would hold both for the whole time limit)."""
+    server = start_server(
+        "--tool-timeout-s", "3", "--tool-workers", "2", "--max-tool-workers-per-session", "1",
+        "--max-tool-calls-per-session", "8",
+    )  # fmt: skip
+    try:
+        sid = _session(server)
+        status, body = _tool(
+            server,
+            sid,
+            "bash",
+            {
+                "command": 'python3 -c "\nfor i in range(6):\n'
+                "    open(f'big{i}.txt','w').write(('match this line please ' * 4 + chr(10)) * 80000)\""
+            },
+        )
+        assert status == 200 and not body["is_error"], body
+
+        def slow(_: int) -> dict[str, Any]:
+            return _tool(server, sid, "grep", {"pattern": "(?i)m.t.h", "output_mode": "count"})[1]
+
+        def attack() -> list[dict[str, Any]]:
+            with ThreadPoolExecutor(6) as pool:
+                return list(pool.map(slow, range(6)))
+
+        results, latencies = _victim_latencies(server, attack)
+        assert max(latencies) < VICTIM_BOUND_S, latencies
+        # Served throughout, not once per freed worker: a victim making only grep calls made 3,638 with
+        # the share and 4 without it (each waiting for an attacker's grep to end) in the same attack.
+        assert len(latencies) >= 10, latencies
+        assert all(not r["is_error"] or "longer than 3 s" in r["output"] for r in results)
+    finally:
+        cleanup(server)
+
+
 def test_replace_all_blowup_is_refused_before_it_costs_memory(server: RunningServer) -> None:
     sid = _session(server)
     _tool(server, sid, "write", {"file_path": "big.txt", "content": "a" * (1 << 20)})

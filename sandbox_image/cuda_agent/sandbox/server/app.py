@@ -97,7 +97,11 @@ class SandboxServer:
         self.judge = JudgeService(config, isolation, self.metrics, gpus)
         self.sessions = SessionManager(config, isolation, self.judge, self.metrics, gpus)
         self.tool_workers = ToolWorkers(
-            config.tool_workers, config.tool_timeout_s, config.tool_memory_mib, config.output_limit_chars
+            config.tool_workers,
+            config.max_tool_workers_per_session,
+            config.tool_timeout_s,
+            config.tool_memory_mib,
+            config.output_limit_chars,
         )
         self.tool_env = ToolEnv(self.sessions, self.tool_workers)
         self._gates: dict[str, _SessionGate] = {}

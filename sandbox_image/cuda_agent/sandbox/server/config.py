@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent.sandbox.api import SANDBOX_PORT
+
 IsolationMode = Literal["auto", "root", "restricted"]
 
 
@@ -52,7 +54,7 @@ class SandboxServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
-    port: int = Field(default=8470, ge=0, le=65535)
+    port: int = Field(default=SANDBOX_PORT, ge=0, le=65535)
     state_dir: Path = Path("/var/lib/cuda-agent-sandbox")
     max_sessions: int = Field(default=64, ge=1)
     session_ttl_s: float = Field(
@@ -86,7 +88,10 @@ class SandboxServerConfig(BaseModel):
     )
     max_background_jobs: int = Field(default=8, ge=1, description="per session")
     tool_workers: int = Field(
-        default=4, ge=1, le=256, description="processes running the file tools and the bash_output filter"
+        default=8, ge=1, le=256, description="processes running the file tools and the bash_output filter"
+    )
+    max_tool_workers_per_session: int = Field(
+        default=2, ge=1, le=256, description="tool workers one session may hold at once (of tool_workers)"
     )
     tool_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="a file tool running longer is stopped (its worker killed)"

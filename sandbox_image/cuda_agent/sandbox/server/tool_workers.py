@@ -95,11 +95,22 @@ class _Worker:
         self.conn.close()
 
 
-class ToolWorkers:
-    """A pool of at most `size` worker processes, started on demand and reused."""
+@dataclass
+class _Share:
+    slots: asyncio.Semaphore
+    users: int = 0
 
-    def __init__(self, size: int, timeout_s: float, memory_mib: int, output_limit: int) -> None:
+
+class ToolWorkers:
+    """A pool of at most `size` worker processes, started on demand and reused; one owner (session)
+    holds at most `per_owner` of them at once, so a session firing slow calls leaves workers for others."""
+
+    def __init__(
+        self, size: int, per_owner: int, timeout_s: float, memory_mib: int, output_limit: int
+    ) -> None:
         self.size = size
+        self.per_owner = max(1, min(per_owner, size))
+        self._shares: dict[str, _Share] = {}
         self.timeout_s = timeout_s
         self.memory_mib = memory_mib
         self.output_limit = output_limit
@@ -123,11 +134,24 @@ class ToolWorkers:
         worker = await asyncio.get_running_loop().run_in_executor(self._threads, self._start)
         self._idle.append(worker)
 
-    async def run(self, name: str, *args: Any) -> Any:
-        """`file_tools.<name>(*args)` in a worker. ToolError for what the agent should read (including a
-        timeout or the memory limit); RuntimeError for a bug."""
+    async def run(self, owner: str, name: str, *args: Any) -> Any:
+        """`file_tools.<name>(*args)` in a worker, for `owner`. ToolError for what the agent should read
+        (including a timeout or the memory limit); RuntimeError for a bug."""
         if name not in WORKER_FUNCTIONS:
             raise ValueError(f"not a worker function: {name}")
+        share = self._shares.get(owner)
+        if share is None:
+            share = self._shares[owner] = _Share(asyncio.Semaphore(self.per_owner))
+        share.users += 1
+        try:
+            async with share.slots:
+                return await self._run(name, args)
+        finally:
+            share.users -= 1
+            if share.users == 0:
+                del self._shares[owner]
+
+    async def _run(self, name: str, args: tuple[Any, ...]) -> Any:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
         loop = asyncio.get_running_loop()

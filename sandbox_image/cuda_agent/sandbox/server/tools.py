@@ -129,7 +129,7 @@ async def bash_output(env: ToolEnv, session: Session, req: BashOutputInput) -> B
     await asyncio.sleep(0)  # let the pump deliver what is already in the pipe
     text, dropped = job.take_output(None)
     if req.filter:
-        text = await env.workers.run("filter_lines", req.filter, text)
+        text = await env.workers.run(session.session_id, "filter_lines", req.filter, text)
     note = f"[{dropped} earlier bytes were dropped: output not read in time]\n" if dropped else ""
     status = job.status
     tail = f"\n[status: {status}" + (f", exit code {job.proc.returncode}]" if status != "running" else "]")
@@ -151,7 +151,7 @@ def _in_worker(name: str) -> ToolImpl:
     """File tools run in a worker process: a slow pattern or a huge edit cannot stall other sessions."""
 
     async def run(env: ToolEnv, session: Session, req: Any) -> ToolResult:
-        result: ToolResult = await env.workers.run(name, session.fs, req)
+        result: ToolResult = await env.workers.run(session.session_id, name, session.fs, req)
         return result
 
     return run
