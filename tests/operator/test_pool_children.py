@@ -8,7 +8,6 @@ import pytest
 
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.operator import labels as lb
-from cuda_agent.operator.manifests import SANDBOX_PORT
 from cuda_agent.operator.pool_children import (
     PoolIdentity,
     headless_service,
@@ -17,6 +16,7 @@ from cuda_agent.operator.pool_children import (
     server_config,
     statefulset,
 )
+from cuda_agent.sandbox.api import SANDBOX_PORT
 
 POOL = PoolIdentity(name="pool", namespace="team", uid="uid-1")
 RESTRICTED_VOLUMES = {"configMap", "emptyDir", "projected", "secret", "downwardAPI", "persistentVolumeClaim"}

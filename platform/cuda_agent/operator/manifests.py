@@ -12,9 +12,6 @@ from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.views import manifest_hash
 
-# The sandbox server's port: the pool's Service, NetworkPolicy and probes, and the trainer's sandbox URL.
-SANDBOX_PORT = 8470
-
 
 def owner_reference(api_version: str, kind: str, name: str, uid: str) -> dict[str, Any]:
     """Controller reference: deleting the owner lets the garbage collector delete the child."""

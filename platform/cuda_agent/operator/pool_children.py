@@ -19,7 +19,8 @@ import yaml
 from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, mebibytes
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
-from cuda_agent.operator.manifests import SANDBOX_PORT, owner_reference, with_hash
+from cuda_agent.operator.manifests import owner_reference, with_hash
+from cuda_agent.sandbox.api import SANDBOX_PORT
 
 SANDBOX_UID = 65532  # the image's unprivileged user; restricted Pod Security forbids root
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

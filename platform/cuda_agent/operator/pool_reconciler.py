@@ -29,7 +29,6 @@ from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.demand import probe_pods
 from cuda_agent.operator.drain import DrainPlan, plan_drain
 from cuda_agent.operator.kube import Manifest, Ref
-from cuda_agent.operator.manifests import SANDBOX_PORT
 from cuda_agent.operator.pool_children import (
     PoolIdentity,
     headless_service,
@@ -38,6 +37,7 @@ from cuda_agent.operator.pool_children import (
     statefulset,
 )
 from cuda_agent.operator.views import PodView
+from cuda_agent.sandbox.api import SANDBOX_PORT
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0

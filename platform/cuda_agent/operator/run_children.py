@@ -18,7 +18,8 @@ from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
-from cuda_agent.operator.manifests import SANDBOX_PORT, owner_reference, with_hash
+from cuda_agent.operator.manifests import owner_reference, with_hash
+from cuda_agent.sandbox.api import SANDBOX_PORT
 
 RUN_CONFIG_DIR = "/etc/cuda-agent"
 TRAINER_UID = 1000

@@ -18,6 +18,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+# The server's port: a pool's Service, NetworkPolicy and readiness probes, the trainer's sandbox URL and the
+# operator's load probes all use it (the operator imports it from here).
+SANDBOX_PORT = 8470
 Device = Literal["cpu", "cuda"]
 # A candidate workspace holds at most this many files: the judge's snapshot refuses more.
 MAX_CANDIDATE_FILES = 5000
