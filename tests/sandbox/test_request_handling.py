@@ -265,32 +265,36 @@ def test_one_session_cannot_hold_every_request_slot(server: RunningServer) -> No
     assert max(latencies) < VICTIM_BOUND_S
 
 
-def test_judge_socket_flood_does_not_reach_other_sessions(server: RunningServer) -> None:
+# Connects to the session's judge socket as often as descriptors allow, holds the connections, then
+# counts how many the server closed.
+FLOOD = (
+    "import os, socket, time\n"
+    "held = []\n"
+    "for i in range(3000):\n"
+    "    try:\n"
+    "        s = socket.socket(socket.AF_UNIX)\n"
+    "    except OSError:\n"
+    "        break  # out of descriptors\n"
+    "    try:\n"
+    "        s.connect(os.environ['CUDA_AGENT_JUDGE_SOCKET'])\n"
+    "    except OSError:\n"
+    "        s.close(); continue\n"
+    "    held.append(s)\n"
+    "time.sleep(3)\n"
+    "closed = 0\n"
+    "for s in held:\n"
+    "    s.setblocking(False)\n"
+    "    try:\n"
+    "        closed += s.recv(1) == b''\n"
+    "    except BlockingIOError:\n"
+    "        pass\n"
+    "print('held', len(held), 'closed', closed)\n"
+)
+
+
+def _judge_socket_flood(server: RunningServer) -> None:
     sid = _session(server)
-    flood = (
-        "import os, socket, time\n"
-        "held = []\n"
-        "for i in range(3000):\n"
-        "    try:\n"
-        "        s = socket.socket(socket.AF_UNIX)\n"
-        "    except OSError:\n"
-        "        break  # out of descriptors\n"
-        "    try:\n"
-        "        s.connect(os.environ['CUDA_AGENT_JUDGE_SOCKET'])\n"
-        "    except OSError:\n"
-        "        s.close(); continue\n"
-        "    held.append(s)\n"
-        "time.sleep(3)\n"
-        "closed = 0\n"
-        "for s in held:\n"
-        "    s.setblocking(False)\n"
-        "    try:\n"
-        "        closed += s.recv(1) == b''\n"
-        "    except BlockingIOError:\n"
-        "        pass\n"
-        "print('held', len(held), 'closed', closed)\n"
-    )
-    _tool(server, sid, "write", {"file_path": "flood.py", "content": flood})
+    _tool(server, sid, "write", {"file_path": "flood.py", "content": FLOOD})
 
     def attack() -> dict[str, Any]:
         return _tool(server, sid, "bash", {"command": "ulimit -n 4096 2>/dev/null; python3 flood.py"})[1]
@@ -300,10 +304,14 @@ def test_judge_socket_flood_does_not_reach_other_sessions(server: RunningServer)
     # The server held at most a few of the session's connections and closed the rest at once.
     _, held, _, closed = result["output"].split()[-4:]
     assert int(held) > 500 and int(closed) >= int(held) - 8, result
-    # New sessions and their judge still work afterwards.
+    # New sessions still work afterwards.
     other = _session(server)
     status, body = _tool(server, other, "bash", {"command": "echo ok"})
     assert status == 200 and body["output"].strip() == "ok"
+
+
+def test_judge_socket_flood_does_not_reach_other_sessions(server: RunningServer) -> None:
+    _judge_socket_flood(server)
 
 
 # ---------------------------------------------------------------- malformed requests
@@ -400,3 +408,7 @@ def test_restricted_mode_patterns_and_edits_do_not_stall_other_sessions(restrict
     assert results[1]["is_error"] and results[2]["is_error"]
     status, _ = _post(restricted, "/v1/sessions", b'{"task": {"source": "\\ud800"}}')
     assert status == 400
+
+
+def test_restricted_mode_judge_socket_flood_does_not_reach_other_sessions(restricted: RunningServer) -> None:
+    _judge_socket_flood(restricted)
