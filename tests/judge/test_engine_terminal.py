@@ -15,7 +15,8 @@ def events() -> list[dict[str, object]]:
         {"phase": "build", "elapsed_s": 0.2},
     ]
     out += [{"phase": "verify", "done": i, "total": 5, "elapsed_s": 9.0 + i} for i in range(6)]
-    out += [{"phase": "profile", "done": d, "total": 100, "elapsed_s": 15.0} for d in (0, 50, 100)]
+    # the worker's relayed counts, then the orchestrator's own end of the phase (the same 100/100)
+    out += [{"phase": "profile", "done": d, "total": 100, "elapsed_s": 15.0} for d in (0, 50, 100, 100)]
     return out
 
 

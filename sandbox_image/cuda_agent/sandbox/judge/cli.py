@@ -102,6 +102,7 @@ class Progress:
         self.stream = stream
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self.phase: str | None = None
+        self.printed: tuple[str, object] | None = None
         self.open_line = False
 
     def __call__(self, event: dict[str, object]) -> None:
@@ -116,8 +117,9 @@ class Progress:
             end = "\n" if phase != self.phase and self.open_line else ""
             self._write(end + "\r" + text + "\x1b[K")
             self.open_line = True
-        elif phase != self.phase or done == total:
+        elif phase != self.phase or (done == total and (phase, done) != self.printed):
             self._write(text + "\n")
+            self.printed = (phase, done)
         self.phase = phase
 
     def close(self) -> None:

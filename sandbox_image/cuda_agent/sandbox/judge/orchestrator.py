@@ -378,6 +378,8 @@ class WorkerSession:
         self.read_fd, self.write_fd = to_orch_r, to_worker_w
         self.endpoint = channel.Endpoint(b"", to_orch_r, to_worker_w, is_worker=False)
         self.phase = "build"
+        # Display only: the worker's count of finished timed trials, relayed to the CLI's progress bar.
+        self.on_progress: Callable[[int], None] | None = None
         self.phase_start = time.monotonic()
         self.deadline = time.monotonic()
 
@@ -424,6 +426,11 @@ class WorkerSession:
                 result.error = f"crash: exit code {rc} in {self.phase}"
             raise RunStopped() from None
         kind = header.get("type")
+        if kind == "progress" and expected == "profile_result":
+            done = header.get("done")
+            if self.on_progress is not None and isinstance(done, int):
+                self.on_progress(done)
+            return self.receive(expected, result)
         if kind == expected:
             return header, blobs
         self.kill()
@@ -825,6 +832,9 @@ class JudgeRun:
         settings = cfg.profile
         phase_start = time.monotonic()
         self.emit("profile", 0, settings.trials)
+        session.on_progress = lambda done: self.emit(
+            "profile", min(max(done, 0), settings.trials), settings.trials
+        )
         session.enter("profile", cfg.timeouts.profile, self.deadline)
         session.send(
             {

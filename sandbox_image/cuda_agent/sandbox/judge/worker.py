@@ -499,6 +499,22 @@ class Worker:
         )
 
     # -- profile --------------------------------------------------------------------------------------------
+    def progress_observer(self, after: Any, per_trial: int, trials: int) -> Any:
+        """`after`, plus a "progress" frame (finished timed trials) about every 5 % of the loop, sent
+        outside the timed window; the orchestrator only displays it (cli.py's progress bar)."""
+        step = max(1, trials // 20)
+        calls = [0]
+
+        def observe(name: str, k: int, out: Any) -> None:
+            after(name, k, out)
+            calls[0] += 1
+            if calls[0] % per_trial == 0:
+                done = calls[0] // per_trial
+                if done % step == 0 or done == trials:
+                    self.ep.send({"type": "progress", "done": done})
+
+        return observe
+
     def profile(self, msg: dict[str, Any]) -> None:
         """The timed loops. Every trial draws fresh values into the same input buffers (timing.Feed), and
         the candidate's outputs of a secret sample of the timed calls (`loops[...]["checked"]`, chosen by
@@ -551,7 +567,14 @@ class Worker:
                 flush = settings["l2_flush_bytes"]
                 with self.step("device_times"):
                     device_times = timing.cuda_device_times(
-                        fns, feed, loops["device"]["seeds"], flush, seed, timed.observer("device")
+                        fns,
+                        feed,
+                        loops["device"]["seeds"],
+                        flush,
+                        seed,
+                        self.progress_observer(
+                            timed.observer("device"), len(fns), len(loops["device"]["seeds"])
+                        ),
                     )
                 with self.step("latency"):
                     latency = timing.cuda_event_latency(
@@ -578,7 +601,7 @@ class Worker:
                     loops["wall"]["seeds"],
                     settings["cpu_thrash_bytes"],
                     int(msg["order_seed"]),
-                    timed.observer("wall"),
+                    self.progress_observer(timed.observer("wall"), len(fns), len(loops["wall"]["seeds"])),
                 )
                 result = {"method": "cpu-wall-clock", "device": wall, "latency": wall, "host": {}}
             if self.device == "cuda":
