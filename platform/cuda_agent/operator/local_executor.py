@@ -245,7 +245,8 @@ class LocalExecutor:
 
     def _sandbox(self, local: LocalRun, pool: SandboxPoolSpec, requeue: Callable[[], None]) -> Supervised:
         """`cuda-agent sandbox serve` with the config a pool's pod gets, placed on this machine: loopback
-        only, state under the run directory, the installed judge files, the GPUs this machine has."""
+        only, its own uid range, state in a traversable temp directory, the installed judge files (the
+        server's default judge_dir, hash-checked before every judge run), the GPUs this machine has."""
         settings = server_config(pool)
         settings |= {
             "host": "127.0.0.1",
@@ -255,7 +256,7 @@ class LocalExecutor:
             # Several local servers (runs, tests) share this machine's uids: each takes its own range.
             "uid_base": UID_BASE + secrets.randbelow(UID_RANGES) * (2 * settings["max_sessions"] + 2),
         }
-        settings.pop("judge_dir", None)  # the installed package's judge files (the image bakes them in too)
+        settings.pop("judge_dir", None)  # the pod's path is its ConfigMap mount; here the installed package
         config_path = local.directory / "sandbox.yaml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
@@ -263,7 +264,8 @@ class LocalExecutor:
         return Supervised(
             name=f"sandbox {local.directory.name}",
             argv=argv,
-            env=dict(os.environ),
+            # The operator's environment without its cluster credentials: a sandbox pod has none either.
+            env={key: value for key, value in os.environ.items() if key != "KUBECONFIG"},
             log_path=local.directory / "sandbox.log",
             on_change=requeue,
             backoff=self.config.restart_backoff,
