@@ -302,6 +302,30 @@ def test_deleting_a_session_stops_its_judge_and_spares_the_next_on_its_slot(serv
             assert run.result is not None and run.result.correct, run.text
 
 
+def test_a_running_command_dies_with_its_session(server: RunningServer) -> None:
+    """A foreground command running when its session is deleted (restricted mode has no session uid to
+    kill by; it ran on until its timeout with its workspace gone)."""
+    marker = f"sleep 5{os.getpid() % 100:02d}"
+    with served_meanwhile(server):
+        with session(server) as sid:
+            calls: list[object] = []
+            running = threading.Thread(
+                target=lambda: calls.append(quietly(bash, server, sid, f"exec {marker}"))
+            )
+            running.start()
+            assert wait_for(lambda: host_pids_running(marker))
+        assert wait_for(lambda: not host_pids_running(marker), timeout_s=15), "the command outlived it"
+        running.join(timeout=30)
+        assert not running.is_alive() and calls
+
+
+def quietly(call: object, *args: object) -> object:
+    try:
+        return call(*args)  # type: ignore[operator]
+    except Exception as exc:  # deleted meanwhile: an error answer is fine, a hang is not
+        return exc
+
+
 def judge_quietly(server: RunningServer, sid: str) -> object:
     try:
         return server.client.judge(sid, "verify")

@@ -106,10 +106,16 @@ async def end_group(proc: asyncio.subprocess.Process) -> None:
         proc._transport.close()  # type: ignore[attr-defined]  # a pipe holder outside the group
 
 
-async def run_foreground(argv: list[str], timeout_s: float, output_limit: int) -> CommandOutcome:
-    """Run to completion or until timeout; either way nothing of its process group survives."""
+async def run_foreground(
+    argv: list[str], timeout_s: float, output_limit: int, groups: set[int] | None = None
+) -> CommandOutcome:
+    """Run to completion or until timeout; either way nothing of its process group survives.
+    `groups`: where the running command's process group is listed (its session's, so that deleting the
+    session can kill it)."""
     start = time.monotonic()
     proc, exited = await spawn(argv, merge_stderr=True)
+    if groups is not None:
+        groups.add(proc.pid)
     out = BoundedOutput(output_limit)
     assert proc.stdout is not None
     reader = asyncio.create_task(_pump(proc.stdout, out))
@@ -120,6 +126,8 @@ async def run_foreground(argv: list[str], timeout_s: float, output_limit: int) -
         timed_out = True
     finally:
         await end_group(proc)
+        if groups is not None:
+            groups.discard(proc.pid)
     try:
         await asyncio.wait_for(reader, _DRAIN_S)
     except TimeoutError:

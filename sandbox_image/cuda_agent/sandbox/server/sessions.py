@@ -33,7 +33,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from cuda_agent.sandbox.server.config import SandboxServerConfig
-from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_uid_processes, pids_of_uid
+from cuda_agent.sandbox.server.isolation import (
+    Isolation,
+    Slot,
+    kill_group,
+    kill_uid_processes,
+    pids_of_uid,
+)
 from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.models import (
@@ -89,6 +95,7 @@ class Session:
     created_at: float = field(default_factory=time.time)
     last_activity: float = field(default_factory=time.time)
     jobs: dict[str, BackgroundJob] = field(default_factory=dict)
+    command_groups: set[int] = field(default_factory=set)  # foreground commands running now
     todos: list[TodoItem] = field(default_factory=list)
     judge_busy: asyncio.Lock = field(default_factory=asyncio.Lock)
     judge_runs: int = 0
@@ -233,9 +240,11 @@ class SessionManager:
         if session.judge_task is not None and not session.judge_task.done():
             session.judge_task.cancel()
             await asyncio.wait({session.judge_task})
-        killed = sum(1 for job in session.jobs.values() if job.status == "running")
+        killed = len(session.command_groups) + sum(1 for j in session.jobs.values() if j.status == "running")
         for job in session.jobs.values():
             job.kill()
+        for group in list(session.command_groups):  # restricted mode has no uid to kill by
+            kill_group(group)
         if self.isolation.is_root:
             killed = max(killed, await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid))
         for job in session.jobs.values():
@@ -302,6 +311,8 @@ class SessionManager:
                 return ""
         for job in session.jobs.values():
             job.kill()
+        for group in list(session.command_groups):
+            kill_group(group)
         if self.isolation.is_root:
             await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid)
         self.metrics.inc("workspace_quota_exceeded_total", "times a workspace outgrew its quota")

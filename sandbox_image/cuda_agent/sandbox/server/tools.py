@@ -100,7 +100,7 @@ async def bash(env: ToolEnv, session: Session, req: BashInput) -> BashResult:
         )
     timeout_s = min(req.timeout / 1000 if req.timeout else cfg.bash_default_timeout_s, cfg.bash_max_timeout_s)
     outcome = await run_foreground(
-        _bash_argv(manager, session, req.command), timeout_s, cfg.output_limit_chars
+        _bash_argv(manager, session, req.command), timeout_s, cfg.output_limit_chars, session.command_groups
     )
     output = outcome.output
     over = await manager.enforce_quota(session)
