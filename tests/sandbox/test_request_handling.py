@@ -111,6 +111,26 @@ def test_catastrophic_patterns_are_linear_and_never_stall_other_sessions(server:
     assert all(not r["is_error"] or "longer than 3 s" in r["output"] for r in results), results
 
 
+def test_file_names_that_are_not_utf8_are_shown_not_a_500(server: RunningServer) -> None:
+    sid = _session(server)
+    status, body = _tool(
+        server, sid, "bash", {"command": "touch $'bad\\xff.py'; mkdir $'d\\xfe'; echo hi > $'d\\xfe/f.py'"}
+    )
+    assert status == 200 and not body["is_error"], body
+    for tool, args in (
+        ("glob", {"pattern": "**/*.py"}),
+        ("grep", {"pattern": "hi"}),
+        ("grep", {"pattern": "hi", "glob": "*.py", "output_mode": "content"}),
+        ("read", {"file_path": "bad\udcff.py"}),
+    ):
+        status, payload = server.client.request(
+            "POST", f"/v1/sessions/{sid}/tools/{tool}", json.dumps(args).encode()
+        )
+        assert status in (200, 400), (tool, status, payload[:300])
+    status, body = _tool(server, sid, "glob", {"pattern": "**/*.py"})
+    assert "bad\ufffd" in body["output"] and "d\ufffd/f.py" in body["output"], body
+
+
 def test_backreferences_are_refused_with_a_reason(server: RunningServer) -> None:
     sid = _session(server)
     status, body = _tool(server, sid, "grep", {"pattern": r"(a)\1"})

@@ -433,6 +433,8 @@ ROUTES: list[Route] = [
 
 
 def _error(status: int, message: str, detail: list[dict[str, Any]] | None = None) -> web.Response:
+    # A message may quote a file name that is not UTF-8; JSON must be.
+    message = message.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
     body = ErrorResponse(error=message, detail=detail).model_dump_json(exclude_none=True)
     return web.Response(text=body, status=status, content_type="application/json")
 
@@ -473,6 +475,9 @@ def _wrap(server: SandboxServer, route: Route) -> Callable[[web.Request], Awaita
                     return parsed
                 body = parsed
             result = await route.handler(server, request, body)
+            if isinstance(result, web.StreamResponse):
+                return result
+            text = result.model_dump_json(by_alias=True)
         except UnknownSessionError as exc:
             return _error(404, f"unknown session {exc.args[0]!r}")
         except HttpError as exc:
@@ -480,11 +485,7 @@ def _wrap(server: SandboxServer, route: Route) -> Callable[[web.Request], Awaita
         except Exception as exc:  # the server keeps serving whatever one request does
             log.exception("%s %s failed", route.method, route.path)
             return _error(500, f"internal error: {type(exc).__name__}: {exc}")
-        if isinstance(result, web.StreamResponse):
-            return result
-        return web.Response(
-            text=result.model_dump_json(by_alias=True), status=route.status, content_type="application/json"
-        )
+        return web.Response(text=text, status=route.status, content_type="application/json")
 
     return handle
 

@@ -123,6 +123,16 @@ def multi_edit(fs: WorkspaceFS, req: MultiEditInput) -> EditResult:
     )
 
 
+def printable(text: str) -> str:
+    """`text` as valid UTF-8: file names that are not (os gives them as lone surrogates) are shown with
+    U+FFFD, as ripgrep shows them, instead of failing the match or the response."""
+    try:
+        data = text.encode("utf-8", "surrogateescape")  # the name's own bytes back, one U+FFFD each
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", "surrogatepass")
+    return data.decode("utf-8", "replace")
+
+
 def compile_regex(pattern: str, what: str, *, ignore_case: bool = False, multiline: bool = False) -> Any:
     """An RE2 regex: matching is linear in the text, so no pattern can stall a tool (no backtracking,
     hence no backreferences or lookaround)."""
@@ -190,11 +200,12 @@ def glob(fs: WorkspaceFS, req: GlobInput) -> GlobResult:
     )
     hits = []
     for entry in fs.walk(req.path):
-        sub = entry.rel if base == "." else entry.rel[len(base) + 1 :]
-        if regex.match(sub) or regex.match(entry.rel):
+        rel = printable(entry.rel)
+        sub = rel if base == "." else rel[len(base) + 1 :]
+        if regex.match(sub) or regex.match(rel):
             hits.append(entry)
     hits.sort(key=lambda e: e.mtime, reverse=True)  # most recently changed first
-    files = [fs.display(e.rel) for e in hits[:MAX_GLOB_RESULTS]]
+    files = [printable(fs.display(e.rel)) for e in hits[:MAX_GLOB_RESULTS]]
     note = f"\n[... {len(hits) - MAX_GLOB_RESULTS} more]" if len(hits) > MAX_GLOB_RESULTS else ""
     return GlobResult(output="\n".join(files) + note if files else "No files found", files=files)
 
@@ -215,8 +226,9 @@ def grep(fs: WorkspaceFS, req: GrepInput) -> GrepResult:
         if budget <= 0:
             lines_out.append(f"[... output cut at {MAX_GREP_OUTPUT_CHARS} characters; narrow the search]")
             break
+        rel_name = printable(entry.rel)
         if name_filter and not (
-            name_filter.match(entry.rel.rsplit("/", 1)[-1]) or name_filter.match(entry.rel)
+            name_filter.match(rel_name.rsplit("/", 1)[-1]) or name_filter.match(rel_name)
         ):
             continue
         if entry.size > MAX_GREP_FILE_BYTES:
@@ -225,7 +237,7 @@ def grep(fs: WorkspaceFS, req: GrepInput) -> GrepResult:
             rel, text = _text(fs, entry.rel)
         except ToolError:
             continue  # binary, vanished or foreign files are skipped, as ripgrep does
-        shown = fs.display(rel)
+        shown = printable(fs.display(rel))
         hits = _matching_lines(regex, text, req.multiline)
         if req.output_mode == "files_with_matches":
             found = next(hits, None) is not None

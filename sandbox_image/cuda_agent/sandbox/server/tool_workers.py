@@ -55,18 +55,19 @@ def _serve(conn: Connection, memory_mib: int, output_limit: int) -> None:
         try:
             value = getattr(file_tools, name)(*args)
             if isinstance(value, str):
-                value = cap_output(value, output_limit)
+                value = cap_output(file_tools.printable(value), output_limit)
             else:
-                value = value.model_copy(update={"output": cap_output(value.output, output_limit)})
+                output = cap_output(file_tools.printable(value.output), output_limit)
+                value = value.model_copy(update={"output": output})
             reply: tuple[str, Any] = ("ok", value)
         except ToolError as exc:
-            reply = ("tool_error", str(exc))
+            reply = ("tool_error", file_tools.printable(str(exc)))
         except MemoryError:
             reply = ("tool_error", f"the tool ran out of memory (limit {memory_mib} MiB)")
         except RecursionError:
             reply = ("tool_error", "the tool gave up: structure nested too deeply")
         except Exception as exc:
-            reply = ("error", f"{type(exc).__name__}: {exc}")
+            reply = ("error", file_tools.printable(f"{type(exc).__name__}: {exc}"))
         conn.send(reply)
 
 
