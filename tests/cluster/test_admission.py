@@ -300,6 +300,11 @@ MALFORMED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("run-base-dot-segment", edited(RUN, spec__model={"base": "/models/./q"}), ("spec.model.base",)),
     ("run-base-nul", edited(RUN, spec__model={"base": "/models/q\x00"}), ("spec.model.base",)),
     (
+        "run-gguf-file-is-a-path",
+        edited(RUN, spec__model={"base": "/models/smollm2", "ggufFile": "../../etc/x.gguf"}),
+        ("spec.model.ggufFile",),
+    ),
+    (
         "run-dataset-encoded-slash",
         edited(RUN, spec__dataset={"uri": "s3://data/a%2F..%2Fb"}),
         ("spec.dataset.uri",),

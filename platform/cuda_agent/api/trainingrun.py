@@ -106,6 +106,8 @@ class ModelSource(ApiModel):
     gguf_file: str | None = Field(
         default=None,
         max_length=MAX_NAME,
+        # A file name, never a path: it is joined to base, so a '/' or '..' could leave it.
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\.gguf$",
         description="Name of a GGUF file inside base to load (dequantised) instead of safetensors weights, "
         "e.g. the offline SmolLM2 package's file.",
     )
