@@ -26,14 +26,14 @@ from cuda_agent.sandbox.server.models import ToolResult
 pytestmark = needs_root()
 
 QUOTA_MIB = 64
-MAX_INODES = 20_000
+MAX_INODES = 5_000
 # Three sessions at most: the probe, the attacker and one more, so a session created after one is
 # deleted gets the deleted one's slot (its uids).
 LIMITS = {"workspace_quota_mib": QUOTA_MIB, "workspace_max_inodes": MAX_INODES, "max_sessions": 3}
 SERVED_WITHIN_S = 20.0
 SHMGET = "import ctypes; print('shm', ctypes.CDLL(None).shmget(0x5EED, {size}, {flags}))"
 DEEP_DIRECTORY = "import os; [(os.mkdir('d'), os.chdir('d')) for _ in range(1100)]; print(len(os.getcwd()))"
-MANY_FILES = f"for i in range({MAX_INODES + 5000}): open(f'e{{i}}', 'w').close()"
+MANY_FILES = f"for i in range({MAX_INODES + 1000}): open(f'e{{i}}', 'w').close()"
 
 
 @pytest.fixture(scope="module", params=["root", "restricted-userns", "restricted"])

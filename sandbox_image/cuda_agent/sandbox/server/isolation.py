@@ -341,8 +341,8 @@ def kill_group(pgid: int) -> None:
 
 
 def pids_of_uid(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real, effective or saved uid is `uid`. Read from their status
-    file: /proc/<pid> of a non-dumpable process (the judge makes itself one) belongs to root."""
+    """Live (not zombie) processes whose real, effective or saved uid is `uid`, from their status files:
+    a killed process lingers as a zombie until reaped, and is no obstacle to reusing its slot."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
