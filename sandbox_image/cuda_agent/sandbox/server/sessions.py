@@ -401,7 +401,7 @@ class SessionManager:
                 # The socket is reachable by path (Landlock does not cover connect); the token, readable
                 # only from the session's own bin/, says the request comes from this session.
                 token = request.pop("token", "") if isinstance(request, dict) else ""
-                if not hmac.compare_digest(str(token), session.judge_token):
+                if not hmac.compare_digest(str(token).encode(), session.judge_token.encode()):
                     raise ValueError("this session's judge token is missing or wrong")
                 stage = SessionJudgeRequest.model_validate(request).stage
             except (ValueError, ValidationError) as exc:
