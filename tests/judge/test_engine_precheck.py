@@ -61,6 +61,24 @@ def test_calling_a_function_the_extension_does_not_define_is_an_error(tmp_path: 
     assert "it defines: act, unused" in result.errors[0]
 
 
+def test_names_the_scan_cannot_see_skip_the_missing_function_check(tmp_path: Path) -> None:
+    """A binding whose names come from a macro is not proof that a function is missing."""
+    root = tmp_path / "ws"
+    (root / "kernels").mkdir(parents=True)
+    (root / "model_new.py").write_text(
+        "import cuda_extension\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        return cuda_extension.scale(x)\n"
+    )
+    (root / "kernels" / "k_binding.cpp").write_text(
+        '#include "binding_registry.h"\n#define DEF(n) m.def(#n, &n)\n'
+        "torch::Tensor scale(torch::Tensor x) { return x; }\n"
+        "REGISTER_BINDING(k, [](pybind11::module& m) { DEF(scale); });\n"
+    )
+    assert screen.precheck_candidate(root, COMPUTE_OPS).errors == []
+    assert screen.bindings_named_literally('m.def("a", +[](int x) { return x; });')
+    assert not screen.bindings_named_literally("m.def(name, &f);")
+
+
 def test_torch_compute_reachable_from_a_used_function_is_refused(tmp_path: Path) -> None:
     result = screen.precheck_candidate(candidate(tmp_path, body="torch::sigmoid(x)"), COMPUTE_OPS)
     assert result.violations == [

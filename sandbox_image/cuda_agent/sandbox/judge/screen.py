@@ -593,7 +593,8 @@ _FUNCTION_END = re.compile(
     r"\)\s*(?:const\s*|noexcept\s*|override\s*|final\s*|mutable\s*|->\s*[\w:<>,\s*&]+)*$"
 )
 _IDENT_BEFORE = re.compile(r"([A-Za-z_]\w*)\s*$")
-_DEF_CALL = re.compile(r"\.\s*def\s*\(\s*\"(\w+)\"\s*,\s*(&?\s*[A-Za-z_][\w:]*|\[)")
+_DEF_CALL = re.compile(r"\.\s*def\s*\(\s*\"(\w+)\"\s*,\s*(&?\s*[A-Za-z_][\w:]*|\[)?")
+_ANY_DEF = re.compile(r"\.\s*def\s*\(")
 _REGISTER = re.compile(r"\bREGISTER_BINDING\s*\(\s*([A-Za-z_]\w*)\s*,")
 
 
@@ -677,7 +678,9 @@ def cpp_bindings(source: str) -> dict[str, str]:
             bound[match.group(1)] = "=" + target.split("::")[-1]
     for match in _DEF_CALL.finditer(code):
         target = match.group(2)
-        if target == "[":
+        if target is None:  # a target the scan cannot follow (+[]{}, a macro): its name still counts
+            bound[match.group(1)] = ""
+        elif target == "[":
             body_start = code.find("{", match.end())
             bound[match.group(1)] = (
                 code[match.end() : _matching(code, body_start, "{", "}")] if body_start >= 0 else ""
@@ -685,6 +688,13 @@ def cpp_bindings(source: str) -> dict[str, str]:
         else:
             bound[match.group(1)] = "=" + target.lstrip("&").strip().split("::")[-1]
     return bound
+
+
+def bindings_named_literally(source: str) -> bool:
+    """Every `.def(` names its Python function with a string literal (else the bound names are unknown:
+    a macro or a variable makes them, and the missing-function check is skipped)."""
+    code = _strip_comments(source)
+    return len(_ANY_DEF.findall(code)) == len(_DEF_CALL.findall(code))
 
 
 def forbidden_calls(code: str, compute_ops: frozenset[str]) -> list[tuple[int, str]]:
@@ -835,6 +845,7 @@ def precheck_candidate(root: Path, compute_ops: frozenset[str]) -> PrecheckResul
     functions: dict[str, str] = {}
     kernels = root / "kernels"
     workspace: set[str] | None = None  # Python names the workspace binds; None: not known
+    literal = True
     if kernels.is_dir():
         for path in sorted(kernels.iterdir()):
             if path.is_file() and path.suffix in CPP_SOURCE_SUFFIXES:
@@ -842,7 +853,8 @@ def precheck_candidate(root: Path, compute_ops: frozenset[str]) -> PrecheckResul
                 functions.update(cpp_functions(_strip_comments(text)))
                 if path.name.endswith("_binding.cpp"):
                     bound.update(cpp_bindings(text))
-        workspace = set(bound) or None
+                    literal = literal and bindings_named_literally(text)
+        workspace = set(bound) if bound and literal else None
     inline: set[str] | None = set()  # names the load_inline calls bind; None: some are computed
     strings = _module_strings(tree)
     for call in uses.inline_calls:
@@ -857,8 +869,11 @@ def precheck_candidate(root: Path, compute_ops: frozenset[str]) -> PrecheckResul
             found: dict[str, str] = {}
             for text in sources:
                 found.update(cpp_bindings(text))
+                if not bindings_named_literally(text):
+                    inline = None
             bound.update(found)
-            inline |= set(found)
+            if inline is not None:
+                inline |= set(found)
         else:
             bound.update({n: "=" + n for n in names})
             inline |= set(names)
