@@ -244,13 +244,17 @@ def test_deep_and_unreadable_directories_cannot_stop_the_quota_watchdog(server: 
         # The file tools walk the same tree (glob and grep used the recursive os.fwalk).
         assert not server.client.tool(deep, "glob", {"pattern": "**/*.py"}).is_error
         assert not server.client.tool(deep, "grep", {"pattern": "relu"}).is_error
-        fill = f"sleep 1; head -c {QUOTA_MIB + 16}M /dev/zero > $TMPDIR/fill; exec sleep 600"
-        jobs = {deep: background(server, deep, fill), other: background(server, other, fill)}
-        for sid, job in jobs.items():
-            if mode(server) == "root":  # the session's tmpfs refuses the bytes itself
-                assert wait_for(lambda s=sid, j=job: "No space left" in output_of(server, s, j))
-            else:
-                assert wait_for(lambda s=sid, j=job: job_status(server, s, j) != "running"), "no watchdog"
+        # Overfill from a background job in one session and a foreground command in the other: the
+        # watchdog must stop both while they run (root: the session's tmpfs refuses the bytes itself).
+        fill = f"sleep 1; head -c {QUOTA_MIB + 16}M /dev/zero > $TMPDIR/fill && exec sleep 600"
+        job = background(server, deep, fill)
+        foreground = bash(server, other, fill, timeout_ms=120_000)
+        if mode(server) == "root":
+            assert "No space left" in foreground.output
+            assert wait_for(lambda: "No space left" in output_of(server, deep, job))
+        else:
+            assert not foreground.timed_out and "workspace quota exceeded" in foreground.output
+            assert wait_for(lambda: job_status(server, deep, job) != "running"), "no watchdog"
         if mode(server) != "root":
             hidden = bash(server, other, "rm -f $TMPDIR/fill; mkdir -p locked; chmod 000 locked; echo ok")
             assert hidden.is_error and "could not be measured" in hidden.output

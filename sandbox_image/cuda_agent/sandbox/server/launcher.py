@@ -88,9 +88,14 @@ def _become_pid_namespace_init() -> None:
     """After unshare(CLONE_NEWPID) only children enter the new namespace: fork, and let this process
     wait and exit as its child did. The child is the namespace's init; when it ends, the kernel kills
     everything left in the namespace, so nothing a command starts can outlive it."""
+    server = os.getppid()
     pid = os.fork()
     if pid == 0:
         return
+    # The child's own death signal will point at us: we in turn must die with the server.
+    _check(_libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+    if os.getppid() != server:  # it is already gone
+        os.kill(pid, SIGKILL)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # die of the same signal (SIG_DFL first: Python handles SIGINT, ignores SIGPIPE)

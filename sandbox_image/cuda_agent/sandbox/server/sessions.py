@@ -322,15 +322,14 @@ class SessionManager:
         )
 
     async def watch_quotas(self) -> None:
-        """One bounded pass over the sessions that may be growing, a few per pass in turn; one session's
-        failure is its own (enforce_quota never raises for it)."""
-        recent = time.time() - self.config.bash_max_timeout_s - 10  # a foreground command may still run
+        """One bounded pass over the sessions with a command or job running, a few per pass in turn; one
+        session's failure is its own (enforce_quota never raises for it)."""
         growing = [
             s
             for s in self.sessions.values()
             if not s.closing
             and not s.tmpfs
-            and (s.last_activity > recent or any(j.status == "running" for j in s.jobs.values()))
+            and (s.command_groups or any(j.status == "running" for j in s.jobs.values()))
         ]
         if not growing:
             return
