@@ -112,11 +112,12 @@ def main(argv: Sequence[str]) -> int:
 def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, status: StatusWriter) -> int:
     from cuda_agent.trainer.checkpoint import CheckpointStore
     from cuda_agent.trainer.data import TaskOrder, load_tasks
-    from cuda_agent.trainer.driver import Stopped, Trainer
+    from cuda_agent.trainer.driver import Stopped, Trainer, Workers
 
     spec = run.spec
     module_name, _, func_name = rollout_target.partition(":")
     rollout = getattr(importlib.import_module(module_name), func_name)(run, env)
+    workers: Workers
     if spec.trainer.use_ray:
         from cuda_agent.trainer.ray.workers import RayWorkers
 

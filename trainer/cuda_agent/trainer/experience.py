@@ -106,6 +106,8 @@ def collate(episodes: Sequence[Episode], indices: list[int], device: torch.devic
 
 def gather(episodes: Sequence[Episode], batch: MicroBatch, name: str) -> torch.Tensor:
     """Stack one per-position attribute (old_logprobs, advantages, ...) of the batch's episodes."""
+    if not batch.indices:  # an idle micro-batch (see roles.ShardPlan)
+        return torch.zeros_like(batch.mask)
     rows = [getattr(episodes[i], name) for i in batch.indices]
     return pad_stack(rows, batch.input_ids.shape[1] - 1).to(batch.input_ids.device)
 

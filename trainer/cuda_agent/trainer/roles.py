@@ -8,6 +8,7 @@ and benchmarks use them directly.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,6 +37,57 @@ def _micro_batches(
     lengths = [episodes[i].length for i in indices]
     for group in pack_micro_batches(lengths, budget):
         yield collate(episodes, [indices[g] for g in group], device)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How one data-parallel rank takes part in each optimizer step: the mini-batch's policy-token count
+    over all ranks (losses are token means over the whole mini-batch) and the micro-batch count every rank
+    runs (ZeRO's collectives need the same count on every rank; a rank with fewer runs idle ones)."""
+
+    tokens: list[float]
+    micro_batches: list[int]
+    world_size: int = 1
+
+
+def local_plan(episodes: Sequence[Episode], mini_batches: list[list[int]], budget: int) -> ShardPlan:
+    tokens = [float(sum(float(episodes[i].mask.sum()) for i in indices)) for indices in mini_batches]
+    counts = [
+        len(pack_micro_batches([episodes[i].length for i in indices], budget)) for indices in mini_batches
+    ]
+    return ShardPlan(tokens, counts)
+
+
+def _idle_batch(device: torch.device) -> MicroBatch:
+    """Two padding tokens with no policy token: a rank's zero-loss share of a collective step."""
+    return MicroBatch(
+        [], torch.zeros(1, 2, dtype=torch.long, device=device), None, torch.zeros(1, 1, device=device)
+    )
+
+
+def _optimizer_steps(
+    engine: TrainEngine,
+    episodes: Sequence[Episode],
+    mini_batches: list[list[int]],
+    budget: int,
+    plan: ShardPlan | None,
+    grad_norms: list[float],
+) -> Iterator[tuple[MicroBatch, float]]:
+    """Yield (micro-batch, loss scale) for every backward of every optimizer step; steps the optimizer
+    after each mini-batch and appends its gradient norm. scale = world_size / mini-batch tokens makes the
+    ranks' averaged gradients the token-mean over the whole mini-batch."""
+    plan = plan or local_plan(episodes, mini_batches, budget)
+    for m, indices in enumerate(mini_batches):
+        batches = list(_micro_batches(episodes, indices, budget, engine_device(engine)))
+        batches += [_idle_batch(engine_device(engine)) for _ in range(plan.micro_batches[m] - len(batches))]
+        engine.start(len(batches))
+        for batch in batches:
+            yield batch, plan.world_size / max(plan.tokens[m], 1.0)
+        grad_norms.append(engine.finish())
+
+
+def engine_device(engine: TrainEngine) -> torch.device:
+    return next(engine.module.parameters()).device
 
 
 class PolicyActor:
@@ -74,54 +126,53 @@ class PolicyActor:
                 episodes[index].extras["entropy"] = float((entropy[row] * m).sum() / m.sum().clamp(min=1))
         return episodes
 
-    def train_ppo(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+    def train_ppo(
+        self, episodes: list[Episode], mini_batches: list[list[int]], plan: ShardPlan | None = None
+    ) -> dict[str, float]:
         """One optimizer step per mini-batch with the clip-higher loss, token-mean over the mini-batch."""
         self.engine.train(True)
         t, a = self.spec.trainer, self.spec.algorithm
-        totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0, "actor_grad_norm": 0.0}
-        tokens_seen = 0
-        for indices in mini_batches:
-            n_tokens = float(sum(float(episodes[i].mask.sum()) for i in indices))
-            batches = list(_micro_batches(episodes, indices, t.micro_batch_tokens, self.device))
-            self.engine.start(len(batches))
-            for batch in batches:
-                logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
-                result = ppo.policy_loss(
-                    logp,
-                    gather(episodes, batch, "old_logprobs"),
-                    gather(episodes, batch, "advantages"),
-                    batch.mask,
-                    a.clip_low,
-                    a.clip_high,
-                )
-                self.engine.backward(result.loss_sum / max(n_tokens, 1.0))
-                weight = float(batch.mask.sum())
-                totals["policy_loss"] += float(result.loss_sum.detach())
-                totals["clip_fraction"] += float(result.clip_fraction) * weight
-                totals["approx_kl"] += float(result.approx_kl) * weight
-                tokens_seen += int(weight)
-            totals["actor_grad_norm"] += self.engine.finish() / len(mini_batches)
-        for key in ("policy_loss", "clip_fraction", "approx_kl"):
-            totals[key] /= max(tokens_seen, 1)
-        return totals
+        totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0}
+        norms: list[float] = []
+        tokens = 0
+        for batch, scale in _optimizer_steps(
+            self.engine, episodes, mini_batches, t.micro_batch_tokens, plan, norms
+        ):
+            logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
+            result = ppo.policy_loss(
+                logp,
+                gather(episodes, batch, "old_logprobs"),
+                gather(episodes, batch, "advantages"),
+                batch.mask,
+                a.clip_low,
+                a.clip_high,
+            )
+            self.engine.backward(result.loss_sum * scale)
+            weight = float(batch.mask.sum())
+            totals["policy_loss"] += float(result.loss_sum.detach())
+            totals["clip_fraction"] += float(result.clip_fraction) * weight
+            totals["approx_kl"] += float(result.approx_kl) * weight
+            tokens += int(weight)
+        metrics = {key: value / max(tokens, 1) for key, value in totals.items()}
+        metrics["actor_grad_norm"] = sum(norms) / max(len(norms), 1)
+        metrics["policy_tokens"] = float(tokens)
+        return metrics
 
-    def train_nll(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+    def train_nll(
+        self, episodes: list[Episode], mini_batches: list[list[int]], plan: ShardPlan | None = None
+    ) -> dict[str, float]:
         """Rejection fine-tuning: token-mean negative log-likelihood of the policy tokens."""
         self.engine.train(True)
-        t = self.spec.trainer
         total, tokens = 0.0, 0
-        for indices in mini_batches:
-            n_tokens = float(sum(float(episodes[i].mask.sum()) for i in indices))
-            batches = list(_micro_batches(episodes, indices, t.micro_batch_tokens, self.device))
-            self.engine.start(len(batches))
-            for batch in batches:
-                logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
-                loss_sum = -(logp * batch.mask).sum()
-                self.engine.backward(loss_sum / max(n_tokens, 1.0))
-                total += float(loss_sum.detach())
-                tokens += int(batch.mask.sum())
-            self.engine.finish()
-        return {"nll": total / max(tokens, 1)}
+        norms: list[float] = []
+        budget = self.spec.trainer.micro_batch_tokens
+        for batch, scale in _optimizer_steps(self.engine, episodes, mini_batches, budget, plan, norms):
+            logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
+            loss_sum = -(logp * batch.mask).sum()
+            self.engine.backward(loss_sum * scale)
+            total += float(loss_sum.detach())
+            tokens += int(batch.mask.sum())
+        return {"nll": total / max(tokens, 1), "policy_tokens": float(tokens)}
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[NamedTensors]:
         """The policy's full weights in buckets of about bucket_bytes (gathered under ZeRO-3)."""
@@ -178,32 +229,33 @@ class ValueCritic:
             scatter(episodes, batch, "values", self._values(batch) * batch.mask)
         return episodes
 
-    def train_values(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+    def train_values(
+        self, episodes: list[Episode], mini_batches: list[list[int]], plan: ShardPlan | None = None
+    ) -> dict[str, float]:
         self.engine.train(True)
         t = self.spec.trainer
-        total, clipped, tokens, norm = 0.0, 0.0, 0, 0.0
-        for indices in mini_batches:
-            n_tokens = float(sum(float(episodes[i].mask.sum()) for i in indices))
-            batches = list(_micro_batches(episodes, indices, t.micro_batch_tokens, self.device))
-            self.engine.start(len(batches))
-            for batch in batches:
-                loss_sum, fraction = ppo.value_loss(
-                    self._values(batch),
-                    gather(episodes, batch, "values"),
-                    gather(episodes, batch, "returns"),
-                    batch.mask,
-                    t.value_clip,
-                )
-                self.engine.backward(loss_sum / max(n_tokens, 1.0))
-                weight = float(batch.mask.sum())
-                total += float(loss_sum.detach())
-                clipped += float(fraction) * weight
-                tokens += int(weight)
-            norm += self.engine.finish() / len(mini_batches)
+        total, clipped, tokens = 0.0, 0.0, 0
+        norms: list[float] = []
+        for batch, scale in _optimizer_steps(
+            self.engine, episodes, mini_batches, t.micro_batch_tokens, plan, norms
+        ):
+            loss_sum, fraction = ppo.value_loss(
+                self._values(batch),
+                gather(episodes, batch, "values"),
+                gather(episodes, batch, "returns"),
+                batch.mask,
+                t.value_clip,
+            )
+            self.engine.backward(loss_sum * scale)
+            weight = float(batch.mask.sum())
+            total += float(loss_sum.detach())
+            clipped += float(fraction) * weight
+            tokens += int(weight)
         return {
             "value_loss": total / max(tokens, 1),
             "value_clip_fraction": clipped / max(tokens, 1),
-            "critic_grad_norm": norm,
+            "critic_grad_norm": sum(norms) / max(len(norms), 1),
+            "policy_tokens": float(tokens),
         }
 
     def save(self, directory: Path) -> None:

@@ -1,0 +1,229 @@
+"""Role groups on Ray, offering the same methods as the in-process roles (cuda_agent.trainer.roles).
+
+Each trainer GPU is one placement-group bundle. A group has one Ray actor per bundle; the actor, critic
+and reference groups are colocated on the same bundles with fractional GPUs (they run one after another
+in a PPO step). Rollout engines get their own placement group of spec.resources.rolloutGpus bundles, or
+share the trainer bundles when it is 0; `RayWorkers.rollout_placement` hands that to the rollout backend.
+Data parallelism: the driver cuts each mini-batch into one shard per rank, balanced by tokens, and sends
+every rank the mini-batch's total token count and the micro-batch count all ranks run (ShardPlan).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from cuda_agent.api.run_contract import TrainerEnv
+from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.trainer.experience import Episode, pack_micro_batches
+from cuda_agent.trainer.roles import ShardPlan
+from cuda_agent.trainer.weight_sync import WeightReceiver, sync_weights
+
+# Share of a trainer GPU each colocated role asks Ray for (they sum below 1 so rollout can share too).
+GPU_SHARE = {"actor": 0.4, "critic": 0.3, "reference": 0.2}
+ROLLOUT_GPU_SHARE = 0.1
+
+
+class RoleWorker:
+    """One rank of a role group: builds the role in its own process and answers method calls."""
+
+    def __init__(self, role: str, spec_json: str, rank: int, world_size: int, master: str, port: int) -> None:
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK="0",
+            WORLD_SIZE=str(world_size),
+            MASTER_ADDR=master,
+            MASTER_PORT=str(port),
+        )
+        from cuda_agent.trainer.roles import PolicyActor, Reference, ValueCritic
+
+        spec = TrainingRunSpec.model_validate_json(spec_json)
+        self.role: Any = {"actor": PolicyActor, "critic": ValueCritic, "reference": Reference}[role](spec)
+
+    def ready(self) -> bool:
+        return True
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.role, method)(*args)
+
+    def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, Any]]]:
+        return list(self.role.weight_buckets(bucket_bytes))
+
+
+def shard(episodes: Sequence[Episode], indices: Sequence[int], world: int) -> list[list[int]]:
+    """Indices split into `world` shards of about equal tokens (longest first onto the lightest shard)."""
+    shards: list[list[int]] = [[] for _ in range(world)]
+    load = [0] * world
+    for i in sorted(indices, key=lambda i: -episodes[i].length):
+        k = load.index(min(load))
+        shards[k].append(i)
+        load[k] += episodes[i].length
+    return shards
+
+
+class RoleGroup:
+    """The ranks of one role, called like the in-process role."""
+
+    def __init__(
+        self, role: str, spec: TrainingRunSpec, bundles: PlacementGroup, world: int, gpus: bool
+    ) -> None:
+        self.spec, self.world = spec, world
+        cls = ray.remote(RoleWorker)
+        port = _free_port_on_node()
+        master = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        self.workers: list[Any] = [  # Ray actor handles
+            cls.options(
+                num_cpus=0.25,
+                num_gpus=GPU_SHARE[role] if gpus else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    bundles, placement_group_bundle_index=rank
+                ),
+            ).remote(role, spec.model_dump_json(), rank, world, master, port)
+            for rank in range(world)
+        ]
+        ray.get([w.ready.remote() for w in self.workers])  # surface start-up errors here
+
+    # -- experience: each rank computes its shard, results come back in order ----------------------
+    def _map(self, method: str, episodes: list[Episode]) -> list[Episode]:
+        shards = shard(episodes, range(len(episodes)), self.world)
+        results = ray.get(
+            [
+                w.call.remote(method, [episodes[i] for i in part])
+                for w, part in zip(self.workers, shards, strict=True)
+            ]
+        )
+        out = list(episodes)
+        for part, result in zip(shards, results, strict=True):
+            for i, e in zip(part, result, strict=True):
+                out[i] = e
+        return out
+
+    def compute_logprobs(self, episodes: list[Episode]) -> list[Episode]:
+        return self._map("compute_logprobs", episodes)
+
+    def compute_values(self, episodes: list[Episode]) -> list[Episode]:
+        return self._map("compute_values", episodes)
+
+    # -- updates: every rank takes part in every optimizer step ------------------------------------
+    def _train(self, method: str, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+        budget = self.spec.trainer.micro_batch_tokens
+        per_rank: list[tuple[list[Episode], list[list[int]]]] = [([], []) for _ in range(self.world)]
+        tokens, counts = [], []
+        for indices in mini_batches:
+            parts = shard(episodes, indices, self.world)
+            tokens.append(float(sum(float(episodes[i].mask.sum()) for i in indices)))
+            counts.append(
+                max(len(pack_micro_batches([episodes[i].length for i in p], budget)) for p in parts)
+            )
+            for (rank_episodes, rank_minis), part in zip(per_rank, parts, strict=True):
+                rank_minis.append(list(range(len(rank_episodes), len(rank_episodes) + len(part))))
+                rank_episodes.extend(episodes[i] for i in part)
+        plan = ShardPlan(tokens, counts, self.world)
+        results: list[dict[str, float]] = ray.get(
+            [
+                w.call.remote(method, eps, minis, plan)
+                for w, (eps, minis) in zip(self.workers, per_rank, strict=True)
+            ]
+        )
+        return _merge_metrics(results)
+
+    def train_ppo(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+        return self._train("train_ppo", episodes, mini_batches)
+
+    def train_nll(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+        return self._train("train_nll", episodes, mini_batches)
+
+    def train_values(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+        return self._train("train_values", episodes, mini_batches)
+
+    def save(self, directory: Path) -> None:
+        # Every rank writes its ZeRO shards into the same directory (shared storage on a cluster).
+        ray.get([w.call.remote("save", directory) for w in self.workers])
+
+    def load(self, directory: Path) -> None:
+        ray.get([w.call.remote("load", directory) for w in self.workers])
+
+
+def _merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
+    """Token-weighted means of the ranks' metrics (gradient norms are already global)."""
+    weights = [r.get("policy_tokens", 1.0) for r in results]
+    total = sum(weights) or 1.0
+    keys = set().union(*results)
+    return {k: sum(r.get(k, 0.0) * w for r, w in zip(results, weights, strict=True)) / total for k in keys}
+
+
+def _free_port_on_node() -> int:
+    from cuda_agent.trainer.engine import free_port
+
+    return free_port()
+
+
+@dataclass
+class RayWorkers:
+    """The Workers of the driver (cuda_agent.trainer.driver) on a Ray cluster."""
+
+    actor: RoleGroup
+    critic: RoleGroup
+    reference: RoleGroup | None
+    train_gpus: int
+    bucket_bytes: int
+    trainer_bundles: PlacementGroup
+    rollout_bundles: PlacementGroup | None
+
+    @classmethod
+    def build(cls, spec: TrainingRunSpec, env: TrainerEnv, num_cpus: int | None = None) -> RayWorkers:
+        if not ray.is_initialized():
+            ray.init(address=env.ray_address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+        gpus = bool(ray.cluster_resources().get("GPU", 0))  # type: ignore[no-untyped-call]
+        r = spec.resources
+        world = r.trainer_gpus  # without GPUs each rank is a CPU process (gloo), as in tests
+        if world > 1 and spec.trainer.engine != "deepspeed":
+            raise ValueError(
+                "spec.trainer.engine torch runs on one device; use deepspeed for trainerGpus > 1"
+            )
+        bundle = {"CPU": 1.0, "GPU": 1.0} if gpus else {"CPU": 1.0}
+        trainer_bundles = placement_group([dict(bundle) for _ in range(world)], strategy="PACK")
+        ray.get(trainer_bundles.ready())
+        rollout_bundles = None
+        if gpus and r.rollout_gpus > 0:
+            rollout_bundles = placement_group([dict(bundle) for _ in range(r.rollout_gpus)], strategy="PACK")
+            ray.get(rollout_bundles.ready())
+        reference = None
+        if spec.algorithm.kl_coef > 0:
+            reference = RoleGroup("reference", spec, trainer_bundles, world, gpus)
+        return cls(
+            actor=RoleGroup("actor", spec, trainer_bundles, world, gpus),
+            critic=RoleGroup("critic", spec, trainer_bundles, world, gpus),
+            reference=reference,
+            train_gpus=world,
+            bucket_bytes=spec.trainer.weight_sync_bucket_mb << 20,
+            trainer_bundles=trainer_bundles,
+            rollout_bundles=rollout_bundles,
+        )
+
+    def rollout_placement(self) -> tuple[PlacementGroup, float]:
+        """Where rollout engines go: their own bundles (a whole GPU each), or the trainer's (a share)."""
+        if self.rollout_bundles is not None:
+            return self.rollout_bundles, 1.0
+        return self.trainer_bundles, ROLLOUT_GPU_SHARE
+
+    def save(self, root: Path) -> None:
+        self.actor.save(root / "actor")
+        self.critic.save(root / "critic")
+
+    def load(self, root: Path) -> None:
+        self.actor.load(root / "actor")
+        self.critic.load(root / "critic")
+
+    def sync_weights(self, receiver: WeightReceiver) -> dict[str, float]:
+        # Rank 0 gathers the full weights (ZeRO-3 gathers are collective: every rank joins).
+        futures = [w.weight_buckets.remote(self.bucket_bytes) for w in self.actor.workers]
+        buckets = ray.get(futures)[0]
+        return sync_weights(buckets, receiver)
