@@ -313,7 +313,8 @@ class LocalExecutor:
                 await process.stop()
         finished = local.trainer is not None and local.trainer.state in ("succeeded", "failed")
         if not (keep_finished and finished):
-            del self.runs[key]  # a resumed run starts afresh (from its checkpoint)
+            if self.runs.get(key) is local:  # a deletion and the operator's shutdown may both stop it
+                del self.runs[key]  # a resumed run starts afresh (from its checkpoint)
             shutil.rmtree(local.sandbox_state, ignore_errors=True)
 
     def forget(self, namespace: str, name: str) -> None:
