@@ -41,3 +41,22 @@ def test_registry_watches_owners_and_children_without_finalizer_handlers() -> No
     assert not list(registry._spawning.get_all_handlers())
     assert not list(registry._changing.get_all_handlers())
     assert {h.id for h in registry._indexing.get_all_handlers()} == {"owners", "pods", "children"}
+
+
+def test_local_executor_settings_are_parsed(tmp_path: Path) -> None:
+    config = parse_args(
+        [
+            "--executor", "local", "--run-dir", str(tmp_path), "--pvc-root", str(tmp_path / "pvc"),
+            "--trainer-command", "python 'my trainer.py' -f {run_yaml}", "--restart-backoff", "0.5",
+        ]
+    )  # fmt: skip
+    assert (config.executor, config.run_dir, config.pvc_root) == ("local", tmp_path, tmp_path / "pvc")
+    assert config.trainer_command == ("python", "my trainer.py", "-f", "{run_yaml}")
+    assert config.restart_backoff == 0.5
+    assert parse_args([]).executor == "cluster"
+
+
+def test_an_unknown_executor_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--executor", "kubelet"])
+    assert "--executor" in capsys.readouterr().err
