@@ -177,6 +177,7 @@ async def serve(config: SandboxServerConfig, isolation: Isolation, gpus: int) ->
                 "url": f"http://{config.host}:{port}",
                 "port": port,
                 "isolation": isolation.mode,
+                "user_namespaces": isolation.user_namespaces,
                 "gpus": gpus,
                 "pid": os.getpid(),
             }
