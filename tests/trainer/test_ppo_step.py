@@ -97,7 +97,7 @@ def reference_ppo_step(
         ratio = torch.exp(logp - old)
         surrogate = torch.minimum(ratio * adv, ratio.clamp(1 - a.clip_low, 1 + a.clip_high) * adv)
         loss = loss - (surrogate * mask).sum() / total
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
     opt.step()
 
@@ -110,7 +110,7 @@ def reference_ppo_step(
         v = critic(ids)[0, :-1]
         v_clip = old_values + (v - old_values).clamp(-t.value_clip, t.value_clip)
         loss = loss + (0.5 * torch.maximum((v - ret) ** 2, (v_clip - ret) ** 2) * mask).sum() / total
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(critic.parameters(), t.max_grad_norm)
     opt.step()
 

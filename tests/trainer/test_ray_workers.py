@@ -9,13 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from test_ppo_step import make_trajectories
 
 from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingRun
+from cuda_agent.trainer.models import Policy
 from cuda_agent.trainer.step import ppo_step
 from cuda_agent.trainer.workers import LocalWorkers
-
-from test_ppo_step import make_trajectories
 
 
 class Collect:
@@ -56,7 +56,9 @@ def test_data_parallel_ray_groups_equal_one_local_actor(
     received = Collect()
     sync = workers.sync_weights(received)
     assert received.buckets >= 1 and sync["weight_sync_s"] > 0
-    want = dict(local.actor.module.lm.named_parameters())
+    policy = local.actor.module
+    assert isinstance(policy, Policy)
+    want = dict(policy.lm.named_parameters())
     assert set(received.tensors) == set(want)
     for name, tensor in received.tensors.items():
         torch.testing.assert_close(tensor, want[name].detach(), rtol=1e-4, atol=1e-6, msg=name)

@@ -50,7 +50,9 @@ def make_trainer(run: TrainingRun, prefix: Path, rollout: ScriptedRollout, **kwa
 
 
 def policy_params(trainer: Trainer) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in trainer.workers.actor.module.parameters()]
+    workers = trainer.workers
+    assert isinstance(workers, LocalWorkers)
+    return [p.detach().clone() for p in workers.actor.module.parameters()]
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +111,8 @@ def test_resume_after_a_crash_continues_exactly(uninterrupted: Any, tmp_path: Pa
     state = resumed.train()
     # The step after the crash drew the same tasks and episodes and computed the same losses.
     for name in ("step-000002.jsonl", "step-000001.jsonl"):
-        got = (tmp_path / "ckpt" / "episodes" / "ppo" / name).read_text()
-        assert got == (want_prefix / "ckpt" / "episodes" / "ppo" / name).read_text()
+        text = (tmp_path / "ckpt" / "episodes" / "ppo" / name).read_text()
+        assert text == (want_prefix / "ckpt" / "episodes" / "ppo" / name).read_text()
     for key in ("policy_loss", "value_loss", "explained_variance", "reward", "clip_fraction"):
         assert history_value(state, "ppo", 3, key) == history_value(want, "ppo", 3, key), key
     for got, expected in zip(policy_params(resumed), want_params, strict=True):

@@ -140,6 +140,19 @@ def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, st
         trainer.train()
     except Stopped:
         log.info("suspended; last checkpoint %s", trainer.last_checkpoint)
+    except Exception as exc:
+        # Reported with the step and checkpoint reached; a restarted trainer resumes from that checkpoint.
+        log.exception("training failed")
+        message = f"{trainer.state.stage} step {trainer.state.stage_step + 1}: {type(exc).__name__}: {exc}"
+        progress = TrainerProgress(
+            phase=TrainingRunPhase.FAILED,
+            step=trainer.state.ppo_step,
+            stage=trainer.state.stage or "ppo",
+            last_checkpoint=trainer.last_checkpoint,
+            message=message[:4000],
+        )
+        _write(status, progress)
+        return 1
     return 0
 
 
