@@ -4,6 +4,7 @@ the work done, sampling options, concurrency without blocking the event loop, an
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Any
 
@@ -128,3 +129,47 @@ def test_router_is_least_loaded_then_sticky_and_fans_out_weight_updates(tiny_mod
     assert sent == 2
     expected = asyncio.run(TransformersBackend(tiny_model, [EOS]).generate(prompt, greedy)).token_ids
     assert [asyncio.run(e.generate(prompt, greedy)).token_ids for e in engines] == [expected, expected]
+
+
+def test_concurrent_requests_are_batched_and_match_running_alone(tiny_model: Any) -> None:
+    """Episodes arrive staggered, with different prompt lengths, turn counts and token limits, and stop
+    on different tokens: rows join and leave the running batch between decode steps."""
+    stops = list(range(500, 512))  # a 512-token vocabulary: rows stop at random points
+
+    def plan(i: int) -> tuple[list[int], list[int], float]:
+        rng = random.Random(i)
+        limits = [rng.randint(1, 16) for _ in range(rng.randint(1, 3))]
+        return list(range(1, rng.randint(5, 120))), limits, rng.random() * 0.05
+
+    async def episode(backend: TransformersBackend, i: int, stagger: bool) -> list[Any]:
+        ids, limits, delay = plan(i)
+        out = []
+        for turn, limit in enumerate(limits):
+            if stagger:
+                await asyncio.sleep(delay * (turn + 1))
+            gen = await backend.generate(
+                ids, SamplingParams(max_tokens=limit, seed=i * 10 + turn), session=f"e{i}"
+            )
+            out.append(gen)
+            ids = ids + gen.token_ids + [3] * (i % 7 + 1)
+        await backend.release(f"e{i}")
+        return out
+
+    async def together() -> tuple[list[list[Any]], int]:
+        backend = TransformersBackend(tiny_model, stops, max_batch=4)
+        results = await asyncio.gather(*(episode(backend, i, True) for i in range(12)))
+        return list(results), backend.decode_steps
+
+    async def alone() -> list[list[Any]]:
+        backend = TransformersBackend(tiny_model, stops)
+        return [await episode(backend, i, False) for i in range(12)]
+
+    batched, steps = asyncio.run(together())
+    single = asyncio.run(alone())
+    # Each row needs one decode step per token but its last; shared steps mean rows were batched.
+    row_steps = sum(len(g.token_ids) - 1 for turns in batched for g in turns)
+    assert steps < row_steps
+    for a_turns, b_turns in zip(batched, single, strict=True):
+        for a, b in zip(a_turns, b_turns, strict=True):
+            assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4

@@ -3,29 +3,46 @@
 Sampling runs token by token over a KV cache, and each episode's cache is kept between its turns: the
 next turn's prompt extends the previous one (token-in-token-out), so only the new tokens (the observation)
 are run through the model, never the whole context again. Log-probs are computed in fp32 from the
-model's logits. All model work happens on one worker thread: concurrent episodes are served one
-generation at a time in arrival order, and the event loop never blocks on the model.
+model's logits. All model work happens on one worker thread, so the event loop never blocks; requests
+that wait there together are decoded as one batch (each prefilled on its own cache, then the caches
+left-padded into one), so concurrent episodes share every forward pass instead of queueing for it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from cuda_agent.rollout.base import FinishReason, Generation, SamplingParams
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class _CachedPrefix:
     token_ids: list[int]  # the tokens whose keys and values the cache holds
     cache: Any
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    session: str | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Generation]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReason | None = None
+    generator: torch.Generator = field(default_factory=lambda: torch.Generator(device="cpu"))
 
 
 def sample_token(
@@ -45,11 +62,10 @@ def sample_token(
         allowed[allowed < kth] = float("-inf")
     if sampling.top_p < 1.0:
         sorted_lp, order = torch.sort(allowed, descending=True)
-        cumulative = torch.cumsum(torch.softmax(sorted_lp, dim=-1), dim=-1)
-        drop = cumulative - torch.softmax(sorted_lp, dim=-1) >= sampling.top_p  # keep the first over top_p
+        probs = torch.softmax(sorted_lp, dim=-1)
+        drop = torch.cumsum(probs, dim=-1) - probs >= sampling.top_p  # keep the first token past top_p
         allowed[order[drop]] = float("-inf")
-    probs = torch.softmax(allowed, dim=-1)
-    token = int(torch.multinomial(probs, 1, generator=generator))
+    token = int(torch.multinomial(torch.softmax(allowed, dim=-1), 1, generator=generator))
     return token, float(logp[token])
 
 
@@ -63,7 +79,8 @@ class TransformersBackend:
         model: Any,
         eos_token_ids: Iterable[int],
         *,
-        max_cached_sessions: int = 16,
+        max_batch: int = 32,
+        max_cached_sessions: int = 64,
         device: str | torch.device | None = None,
     ) -> None:
         self.model = model.eval()
@@ -71,17 +88,29 @@ class TransformersBackend:
         self.eos_token_ids = frozenset(eos_token_ids)
         if not self.eos_token_ids:
             raise ValueError("eos_token_ids is empty: generation could never stop on its own")
+        self.max_batch = max_batch
         self.max_cached_sessions = max_cached_sessions
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-generate")
         self._caches: OrderedDict[str, _CachedPrefix] = OrderedDict()
-        self._lock = threading.Lock()  # guards _caches between the worker and release()
+        self._pending: list[_Request] = []
+        self._lock = threading.Lock()  # guards _caches and _pending between the worker and the loop
         self.generated_tokens = 0
+        self.decode_steps = 0  # batched forward passes of the decode loop (rows share them)
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
     ) -> Generation:
+        if not prompt_ids:
+            raise ValueError("empty prompt")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._generate, list(prompt_ids), sampling, session)
+        request = _Request(list(prompt_ids), sampling, session, loop, loop.create_future())
+        request.generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+        with self._lock:
+            self._pending.append(request)
+        # Every request schedules one drain; a drain that finds the queue emptied by an earlier one
+        # returns at once, so requests that arrived together run as one batch.
+        loop.run_in_executor(self._executor, self._drain)
+        return await request.future
 
     async def release(self, session: str) -> None:
         with self._lock:
@@ -92,6 +121,11 @@ class TransformersBackend:
         the worker thread, so it never overlaps a generation; cached prefixes are dropped (stale keys)."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._load, bucket)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ worker thread
 
     @torch.no_grad()
     def _load(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
@@ -104,8 +138,39 @@ class TransformersBackend:
         with self._lock:
             self._caches.clear()
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=True)
+    def _drain(self) -> None:
+        """Continuous batching: admit waiting requests between decode steps, hand each result back the
+        moment its row finishes, and return when nothing is active or waiting."""
+        rows: list[_Row] = []
+        taken: list[_Request] = []  # admitted, not yet rows
+        try:
+            batch = _Batch()
+            while True:
+                with self._lock:
+                    room = self.max_batch - len(rows)
+                    taken, self._pending = self._pending[:room], self._pending[room:]
+                if taken:
+                    new = [self._prefill(request) for request in taken]
+                    batch.admit(new, self.device)
+                    rows, taken = rows + new, []
+                if not rows:
+                    return
+                for row in rows:
+                    self._sample(row)
+                finished = [r for r in rows if r.request.finish is not None]
+                for row in finished:
+                    self._finish(row, batch)
+                rows = [r for r in rows if r.request.finish is None]
+                if not rows:
+                    batch = _Batch()
+                    continue
+                if finished:
+                    batch.keep(rows)
+                self._step(rows, batch)
+        except Exception as exc:  # every caller whose request was in flight gets the error
+            log.exception("generation batch failed", extra={"requests": len(rows) + len(taken)})
+            for request in taken + [r.request for r in rows]:
+                request.loop.call_soon_threadsafe(_fail, request.future, exc)
 
     def _prefix(self, session: str | None, prompt_ids: list[int]) -> tuple[Any, list[int]]:
         """The session's cache when the new prompt extends what it holds, and the tokens still to feed."""
@@ -119,39 +184,138 @@ class TransformersBackend:
                 return cached.cache, prompt_ids[n:]
         return DynamicCache(), prompt_ids
 
-    def _forward(self, ids: list[int], cache: Any) -> torch.Tensor:
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+    def _forward(self, ids: torch.Tensor, cache: Any, **kwargs: Any) -> torch.Tensor:
         # Only the last position's logits are needed: [tokens x vocab] logits dominate a long prefill.
-        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        last: torch.Tensor = out.logits[0, -1].float()
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
+        last: torch.Tensor = out.logits[:, -1].float().cpu()
         return last
 
     @torch.no_grad()
-    def _generate(self, prompt_ids: list[int], sampling: SamplingParams, session: str | None) -> Generation:
-        if not prompt_ids:
-            raise ValueError("empty prompt")
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
-        stop = self.eos_token_ids | set(sampling.stop_token_ids)
-        cache, feed = self._prefix(session, prompt_ids)
-        logits = self._forward(feed, cache).cpu()
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        finish: FinishReason = "length"
-        for step in range(sampling.max_tokens):
-            token, logprob = sample_token(logits, sampling, generator)
-            tokens.append(token)
-            logprobs.append(logprob)
-            if token in stop:
-                finish = "stop"
-                break
-            if step + 1 < sampling.max_tokens:
-                logits = self._forward([token], cache).cpu()
-        self.generated_tokens += len(tokens)
-        if session is not None:
-            # The cache now holds the prompt and every sampled token but the last (never fed back).
+    def _prefill(self, request: _Request) -> _Row:
+        """Each request is prefilled alone, on its session's cached prefix (prompt lengths differ)."""
+        cache, feed = self._prefix(request.session, request.prompt_ids)
+        logits = self._forward(torch.tensor([feed], device=self.device), cache)[0]
+        return _Row(request, cache, len(request.prompt_ids), logits)
+
+    def _sample(self, row: _Row) -> None:
+        request = row.request
+        token, logprob = sample_token(row.logits, request.sampling, request.generator)
+        request.tokens.append(token)
+        request.logprobs.append(logprob)
+        if token in self.eos_token_ids or token in request.sampling.stop_token_ids:
+            request.finish = "stop"
+        elif len(request.tokens) >= request.sampling.max_tokens:
+            request.finish = "length"
+
+    @torch.no_grad()
+    def _step(self, rows: list[_Row], batch: _Batch) -> None:
+        """One decode step for every active row: feed its last token at its own position."""
+        batch.mask = torch.cat(
+            [batch.mask, torch.ones(len(rows), 1, dtype=batch.mask.dtype, device=self.device)], 1
+        )
+        ids = torch.tensor([[r.request.tokens[-1]] for r in rows], device=self.device)
+        positions = torch.tensor([[r.length] for r in rows], device=self.device)
+        logits = self._forward(ids, batch.cache, attention_mask=batch.mask, position_ids=positions)
+        self.decode_steps += 1
+        for row, row_logits in zip(rows, logits, strict=True):
+            row.logits = row_logits
+            row.length += 1
+
+    def _finish(self, row: _Row, batch: _Batch) -> None:
+        """Keep the row's unpadded cache as its session's prefix (the prompt and every sampled token but
+        the last, never fed back) and hand the result to its caller."""
+        from transformers import DynamicCache
+
+        request = row.request
+        self.generated_tokens += len(request.tokens)
+        if request.session is not None:
+            held = request.prompt_ids + request.tokens[:-1]
+            assert len(held) == row.length
+            b, end = batch.rows.index(row), row.pad + row.length
+            own = DynamicCache(
+                ddp_cache_data=[
+                    (
+                        layer.keys[b : b + 1, :, row.pad : end].clone(),
+                        layer.values[b : b + 1, :, row.pad : end].clone(),
+                    )
+                    for layer in batch.cache.layers
+                ]
+            )
             with self._lock:
-                self._caches[session] = _CachedPrefix(prompt_ids + tokens[:-1], cache)
+                self._caches[request.session] = _CachedPrefix(held, own)
                 while len(self._caches) > self.max_cached_sessions:
                     self._caches.popitem(last=False)
-        return Generation(token_ids=tokens, logprobs=logprobs, finish_reason=finish)
+        assert request.finish is not None
+        generation = Generation(request.tokens, request.logprobs, request.finish)
+        request.loop.call_soon_threadsafe(_resolve, request.future, generation)
+
+
+@dataclass(eq=False)
+class _Row:
+    request: _Request
+    cache: Any  # the row's own cache until it joins the batch
+    length: int  # tokens the row's cache holds
+    logits: torch.Tensor
+    pad: int = 0  # left padding of the row in the batch cache
+
+
+class _Batch:
+    """The active rows' caches as one left-padded batch cache, with its attention mask."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Row] = []
+        self.cache: Any = None
+        self.mask = torch.zeros(0, 0, dtype=torch.long)
+
+    def admit(self, new: list[_Row], device: torch.device) -> None:
+        width = max([self.mask.shape[1]] + [r.length for r in new])
+        grow = width - self.mask.shape[1]
+        for row in self.rows:
+            row.pad += grow
+        for row in new:
+            row.pad = width - row.length
+        parts = [(self.rows, self._layers(), grow)] if self.rows else []
+        parts += [([r], [(lay.keys, lay.values) for lay in r.cache.layers], r.pad) for r in new]
+        layers = len(parts[0][1])
+        merged = [
+            tuple(
+                torch.cat([torch.nn.functional.pad(kv[i][k], (0, 0, pad, 0)) for _, kv, pad in parts])
+                for k in (0, 1)
+            )
+            for i in range(layers)
+        ]
+        masks = [torch.nn.functional.pad(self.mask.to(device), (grow, 0))] if self.rows else []
+        masks += [torch.tensor([[0] * r.pad + [1] * r.length], device=device) for r in new]
+        self.rows = self.rows + new
+        self._build(merged, torch.cat(masks))
+        for row in new:
+            row.cache = None
+
+    def keep(self, rows: list[_Row]) -> None:
+        """Drop finished rows, and the left padding every remaining row shares."""
+        index = torch.tensor([self.rows.index(r) for r in rows])
+        trim = min(r.pad for r in rows)
+        for row in rows:
+            row.pad -= trim
+        layers = [(k[index, :, trim:], v[index, :, trim:]) for k, v in self._layers()]
+        self.rows = list(rows)
+        self._build(layers, self.mask[index, trim:])
+
+    def _layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
+
+    def _build(self, layers: Sequence[tuple[torch.Tensor, ...]], mask: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(ddp_cache_data=layers)
+        self.mask = mask
+
+
+def _resolve(future: asyncio.Future[Generation], generation: Generation) -> None:
+    if not future.done():
+        future.set_result(generation)
+
+
+def _fail(future: asyncio.Future[Generation], exc: Exception) -> None:
+    if not future.done():
+        future.set_exception(exc)
