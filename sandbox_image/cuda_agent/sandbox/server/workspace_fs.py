@@ -283,7 +283,7 @@ def disk_usage(roots: list[Path], max_inodes: int) -> Usage:
                                 total += entry.stat(follow_symlinks=False).st_blocks * 512
                                 if entry.is_dir(follow_symlinks=False):
                                     subdirs.append(entry.name)
-                    stack.append((fd, subdirs))
+                    stack.append((fd, sorted(subdirs, reverse=True)))  # visited in name order
                     fd = None
                     if len(stack) > MAX_OPEN_DIRS:
                         return Usage(total, inodes, complete=False)
