@@ -77,7 +77,9 @@ def suspend_watch(path: Path, env: TrainerEnv) -> Callable[[], bool]:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from cuda_agent.telemetry import configure_telemetry
+
+    configure_telemetry()
     try:
         run = load_run(args.file)
         env = TrainerEnv.from_environ(os.environ, default_run_name=run.metadata.name or "local")
@@ -110,6 +112,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, status: StatusWriter) -> int:
+    from cuda_agent.telemetry import Stage, span
     from cuda_agent.trainer.checkpoint import CheckpointStore
     from cuda_agent.trainer.data import TaskOrder, load_tasks
     from cuda_agent.trainer.driver import Stopped, Trainer, Workers
@@ -137,7 +140,8 @@ def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, st
         resume_from=env.resume_from,
     )
     try:
-        trainer.train()
+        with span(Stage.RUN, run=env.run_name, namespace=env.run_namespace):
+            trainer.train()
     except Stopped:
         log.info("suspended; last checkpoint %s", trainer.last_checkpoint)
     except Exception as exc:

@@ -23,6 +23,7 @@ from cuda_agent.api.run_contract import TrainerProgress
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRun, TrainingRunPhase
 from cuda_agent.runstatus import StatusWriter
 from cuda_agent.storage import join_uri, open_store
+from cuda_agent.telemetry import Stage, span
 from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
 from cuda_agent.trainer.data import TaskOrder
 from cuda_agent.trainer.rollout import Rollout, RolloutRequest, learnable, rft_filter
@@ -135,29 +136,30 @@ class Trainer:
             else self.spec.agent.max_context_tokens
         )
         while self.state.stage_step < total:
-            step = self.state.stage_step
-            self._report(self._phase(), f"{stage} step {step + 1}/{total}: rollout")
-            clock = time.perf_counter()
-            trajectories = self._collect(1 if single else self.spec.agent.max_turns_train, context)
-            rollout_s = time.perf_counter() - clock
-            usable = [t for t in trajectories if learnable(t)]
-            metrics = (
-                ppo_step(
-                    usable,
-                    self.workers.actor,
-                    self.workers.critic,
-                    self.workers.reference,
-                    self.spec,
-                    step_seed=self._seed(step),
-                    train_gpus=self.workers.train_gpus,
+            with span(Stage.STEP, stage=self.state.stage, step=self.state.stage_step + 1):
+                step = self.state.stage_step
+                self._report(self._phase(), f"{stage} step {step + 1}/{total}: rollout")
+                clock = time.perf_counter()
+                trajectories = self._collect(1 if single else self.spec.agent.max_turns_train, context)
+                rollout_s = time.perf_counter() - clock
+                usable = [t for t in trajectories if learnable(t)]
+                metrics = (
+                    ppo_step(
+                        usable,
+                        self.workers.actor,
+                        self.workers.critic,
+                        self.workers.reference,
+                        self.spec,
+                        step_seed=self._seed(step),
+                        train_gpus=self.workers.train_gpus,
+                    )
+                    if usable
+                    else {}
                 )
-                if usable
-                else {}
-            )
-            metrics.update(self.workers.sync_weights(self.rollout))
-            metrics["rollout_s"] = rollout_s
-            metrics["episodes_dropped"] = float(len(trajectories) - len(usable))
-            self._finish_step(trajectories, metrics, ppo=not single)
+                metrics.update(self.workers.sync_weights(self.rollout))
+                metrics["rollout_s"] = rollout_s
+                metrics["episodes_dropped"] = float(len(trajectories) - len(usable))
+                self._finish_step(trajectories, metrics, ppo=not single)
 
     def _rft_stage(self) -> None:
         rft = self.spec.warmup.rft
@@ -168,23 +170,26 @@ class Trainer:
             self._report(self._phase(), f"rft: none of {len(source)} trajectories passed the filter; skipped")
             return
         while self.state.stage_step < rft.epochs:
-            self._report(
-                self._phase(), f"rft epoch {self.state.stage_step + 1}/{rft.epochs} on {len(kept)} episodes"
-            )
-            metrics = rft_epoch(kept, self.workers.actor, self.spec, self._seed(self.state.stage_step))
-            metrics.update(self.workers.sync_weights(self.rollout))
-            metrics["rft_kept"] = float(len(kept))
-            self._finish_step([], metrics, ppo=False)
+            with span(Stage.STEP, stage=self.state.stage, step=self.state.stage_step + 1):
+                self._report(
+                    self._phase(),
+                    f"rft epoch {self.state.stage_step + 1}/{rft.epochs} on {len(kept)} episodes",
+                )
+                metrics = rft_epoch(kept, self.workers.actor, self.spec, self._seed(self.state.stage_step))
+                metrics.update(self.workers.sync_weights(self.rollout))
+                metrics["rft_kept"] = float(len(kept))
+                self._finish_step([], metrics, ppo=False)
 
     def _value_stage(self) -> None:
         steps = self.spec.warmup.value_pretraining.steps
         trajectories = [t for t in self._rft_source() if learnable(t)]
         while self.state.stage_step < steps:
-            self._report(self._phase(), f"value pretraining step {self.state.stage_step + 1}/{steps}")
-            metrics = value_pretraining_step(
-                trajectories, self.workers.critic, self.spec, self._seed(self.state.stage_step)
-            )
-            self._finish_step([], metrics, ppo=False)
+            with span(Stage.STEP, stage=self.state.stage, step=self.state.stage_step + 1):
+                self._report(self._phase(), f"value pretraining step {self.state.stage_step + 1}/{steps}")
+                metrics = value_pretraining_step(
+                    trajectories, self.workers.critic, self.spec, self._seed(self.state.stage_step)
+                )
+                self._finish_step([], metrics, ppo=False)
 
     # -- pieces ----------------------------------------------------------------------------------
     def _phase(self) -> TrainingRunPhase:
