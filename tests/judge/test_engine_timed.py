@@ -125,6 +125,11 @@ class _IgnoresB(nn.Module):
         return torch.relu(a) * 2
 
 
+class _TimesZero(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * 0 + b
+
+
 class _Linear(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -139,6 +144,8 @@ def test_task_bounds_count_only_inputs_the_output_depends_on_and_matmul_flops() 
     bounds = plausibility.task_bounds(_IgnoresB(), [a, b], "cpu")
     assert bounds.input_bytes == a.nbytes and bounds.output_bytes == a.nbytes and bounds.matmul_flops == 0
     assert any("input 1" in n for n in bounds.notes)
+    times_zero = plausibility.task_bounds(_TimesZero(), [a, b], "cpu")
+    assert times_zero.input_bytes == b.nbytes, "a kernel may skip an input that only matters as NaN"
     linear = plausibility.task_bounds(_Linear(), [torch.randn(8, 32)], "cpu")
     assert linear.matmul_flops == 2 * 8 * 32 * 16 and linear.input_bytes == 8 * 32 * 4
     conv = nn.Conv2d(3, 4, 3)

@@ -107,19 +107,18 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def _influences(model: torch.nn.Module, inputs: list[Any], index: int, base: list[torch.Tensor]) -> bool:
-    """Whether every probed element of inputs[index] changes the output (NaN first, then a large value):
-    only then is the whole tensor counted as read. A raise counts as a change (the op looked at it)."""
+    """Whether every probed element of inputs[index] changes the output when moved far up or down:
+    only then is the whole tensor counted as read. Finite changes only: an element whose value matters
+    only as NaN (x * 0) need not be read by a correct kernel. A raise counts as a change."""
     x = inputs[index]
     rng = random.Random(index)
     for position in rng.sample(range(x.numel()), min(PROBES, x.numel())):
         changed = False
-        for value in (float("nan"), 1e4, -1e4):
+        for sign in (1.0, -1.0):
             probe = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
-            flat = probe[index].view(-1) if probe[index].is_contiguous() else None
-            if flat is None:
-                probe[index] = probe[index].contiguous()
-                flat = probe[index].view(-1)
-            flat[position] = value if value != value else flat[position] + value
+            probe[index] = probe[index].contiguous()
+            flat = probe[index].view(-1)
+            flat[position] += sign * 1e4 * (1.0 + abs(float(flat[position])))
             try:
                 changed = not _same(_outputs(model, probe), base)
             except Exception:
