@@ -29,7 +29,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _trainer_common import device, is_oom, peak_gib, qwen2_config, reset_memory, run_spec, timed
 
 from cuda_agent.trainer.experience import Episode
-from cuda_agent.trainer.models import Policy, enable_checkpointing, set_attention_backend
+from cuda_agent.trainer.models import (
+    Policy,
+    attention_implementation,
+    enable_checkpointing,
+    set_attention_backend,
+)
 from cuda_agent.trainer.roles import PolicyActor
 from cuda_agent.trainer.weight_sync import load_bucket, sync_weights
 
@@ -37,11 +42,11 @@ PROMPT = 1024
 CHUNK = 8192
 
 
-def make_lm(model: str, length: int) -> Any:
+def make_lm(model: str, length: int, attention: str = "sdpa") -> Any:
     torch.manual_seed(0)
     with torch.device(device()):
         lm = AutoModelForCausalLM.from_config(
-            qwen2_config(model, length + 1), dtype=torch.bfloat16, attn_implementation="sdpa"
+            qwen2_config(model, length + 1), dtype=torch.bfloat16, attn_implementation=attention
         )
     return lm
 
@@ -59,7 +64,7 @@ def episode(length: int, vocab: int) -> Episode:
 def ours(model: str, length: int, steps: int, backend: str) -> dict[str, Any]:
     spec = run_spec(microBatchTokens=length, logitsChunkTokens=CHUNK, attentionBackend=backend)
     set_attention_backend(spec.trainer)
-    lm = make_lm(model, length)
+    lm = make_lm(model, length, attention_implementation(spec.trainer))
     enable_checkpointing(lm, spec.trainer)
     actor = PolicyActor(spec, device(), Policy(lm, CHUNK))
     episodes = [episode(length, lm.config.vocab_size)]
@@ -103,13 +108,27 @@ def baseline(model: str, length: int, steps: int) -> dict[str, Any]:
     return {"times": times}
 
 
+def restore_sdpa() -> None:
+    """PyTorch's default SDPA kernels again (set_attention_backend changes them process-wide)."""
+    for enable in (
+        torch.backends.cuda.enable_flash_sdp,
+        torch.backends.cuda.enable_mem_efficient_sdp,
+        torch.backends.cuda.enable_cudnn_sdp,
+        torch.backends.cuda.enable_math_sdp,
+    ):
+        enable(True)
+
+
 def attempt(label: str, fn: Any, length: int, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     reset_memory()
     try:
         result = fn()
-    except Exception as exc:  # an OOM is a result here, not a crash
+    except Exception as exc:  # an OOM (or a kernel a variant cannot run) is a result here, not a crash
         if not is_oom(exc):
-            raise
+            status = f"error: {type(exc).__name__}: {exc}"[:300]
+            rows.append({"run": label, "tokens": length, "status": status, "peak_gib": round(peak_gib(), 1)})
+            print(json.dumps(rows[-1]), flush=True)
+            return None
         rows.append(
             {"run": label, "tokens": length, "status": "out of memory", "peak_gib": round(peak_gib(), 1)}
         )
@@ -136,25 +155,31 @@ def main() -> int:
     parser.add_argument("--compare-length", type=int, default=131_072)
     parser.add_argument("--max-lengths", default="196608,262144")  # longest that trains is reported
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument(
+        "--backends", default="auto,cudnn", help="spec.trainer.attentionBackend values to compare"
+    )
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     n = args.compare_length
 
     attempt("baseline HF + chunked loss", lambda: baseline(args.model, n, args.steps), n, rows)
-    attempt("ours (attention auto)", lambda: ours(args.model, n, args.steps, "auto"), n, rows)
+    for backend in args.backends.split(","):
+        attempt(f"ours (attention {backend})", lambda b=backend: ours(args.model, n, args.steps, b), n, rows)
+        restore_sdpa()
+    ok = [r for r in rows if r["status"] == "ok" and r["run"].startswith("ours") and r["tokens"] == n]
+    best_backend = (
+        max(ok, key=lambda r: r["tokens_per_s"])["run"][len("ours (attention ") : -1] if ok else "auto"
+    )
     # The longest first: a length that trains needs no shorter one tried.
     longest = 0
     for length in sorted((int(x) for x in args.max_lengths.split(",") if x), reverse=True):
-        if attempt("ours (attention auto)", lambda L=length: ours(args.model, L, 1, "auto"), length, rows):
+        label = f"ours (attention {best_backend})"
+        trained = attempt(label, lambda L=length: ours(args.model, L, 1, best_backend), length, rows)
+        restore_sdpa()
+        if trained:
             longest = length
             break
-    if torch.cuda.is_available():
-        attempt("ours (attention cudnn)", lambda: ours(args.model, n, args.steps, "cudnn"), n, rows)
-        set_attention_backend(run_spec(attentionBackend="flash").trainer)
-        torch.backends.cuda.enable_mem_efficient_sdp(True)
-        torch.backends.cuda.enable_cudnn_sdp(True)
-    ok = [r for r in rows if r["status"] == "ok" and r["run"].startswith("ours") and r["tokens"] == n]
 
     # Weight sync of the policy into a rollout copy on the same device.
     reset_memory()

@@ -400,7 +400,8 @@ class TrainerSpec(ApiModel):
     attention_backend: Literal["auto", "flash", "cudnn"] = Field(
         default="auto",
         description="Scaled-dot-product attention kernel on GPUs: auto (PyTorch's choice), flash "
-        "(FlashAttention-2) or cudnn (cuDNN's fused attention, faster on Hopper at long context).",
+        "(FlashAttention-2) or cudnn (cuDNN's fused attention, with grouped key/value heads expanded so "
+        "it is eligible).",
     )
     ppo_epochs: StrictInt = Field(default=1, ge=1, le=100, description="Passes over each rollout batch.")
     mini_batches: StrictInt = Field(

@@ -40,11 +40,18 @@ def load_pretrained(auto: Any, source: ModelSource, uri: str, spec: TrainerSpec)
     if source.random_init:
         config = AutoConfig.from_pretrained(directory)
         torch.manual_seed(spec.seed)
-        model = auto.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = auto.from_config(config, dtype=dtype, attn_implementation=attention_implementation(spec))
     elif source.gguf_file:
-        model = auto.from_pretrained(directory, gguf_file=source.gguf_file, dtype=dtype)
+        model = auto.from_pretrained(
+            directory,
+            gguf_file=source.gguf_file,
+            dtype=dtype,
+            attn_implementation=attention_implementation(spec),
+        )
     else:
-        model = auto.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa")
+        model = auto.from_pretrained(
+            directory, dtype=dtype, attn_implementation=attention_implementation(spec)
+        )
     model.config.use_cache = False
     return cast(PreTrainedModel, model)
 
@@ -73,6 +80,51 @@ def enable_checkpointing(model: PreTrainedModel, spec: TrainerSpec) -> None:
     if spec.save_attention_outputs:
         kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_attention)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[no-untyped-call]
+
+
+EXPANDED_KV_SDPA = "cuda_agent_sdpa"
+
+
+def _sdpa_expanded_kv(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """SDPA with grouped key/value heads expanded first: cuDNN's fused attention does not take GQA, and
+    transformers' own SDPA path hands GQA to the kernel whenever there is no mask (every long sequence)."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    causal = is_causal if is_causal is not None else bool(getattr(module, "is_causal", True))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal and attention_mask is None and query.shape[2] > 1,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def attention_implementation(spec: TrainerSpec) -> str:
+    """The transformers attention implementation for spec.attentionBackend (registered on first use)."""
+    if spec.attention_backend != "cudnn":
+        return "sdpa"
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(EXPANDED_KV_SDPA, _sdpa_expanded_kv)
+    AttentionMaskInterface.register(EXPANDED_KV_SDPA, sdpa_mask)
+    return EXPANDED_KV_SDPA
 
 
 def set_attention_backend(spec: TrainerSpec) -> None:
