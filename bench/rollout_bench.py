@@ -134,9 +134,8 @@ async def run(args: argparse.Namespace, url: str) -> None:
         single = await phase(loop, backend, args.episodes_single, 1, sampling)
         many = await phase(loop, backend, args.episodes, args.concurrency, sampling)
     print()
-    print(
-        f"| concurrent episodes | episodes/min | generated tokens/s |   ({args.policy} policy, {os.cpu_count()} CPUs)"
-    )
+    print(f"{args.policy} policy, {os.cpu_count()} CPUs, {args.turns} turns x {args.max_tokens} tokens")
+    print("| concurrent episodes | episodes/min | generated tokens/s |")
     print("|---|---|---|")
     for n, row in ((1, single), (args.concurrency, many)):
         print(f"| {n} | {row['episodes_per_min']:.1f} | {row['tokens_per_s']:.1f} |")

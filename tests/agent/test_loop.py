@@ -288,3 +288,70 @@ def test_spans_nest_episode_turn_generate_tool_judge(
     assert all(spans[g.parent.span_id].name == "turn" for g in by_name["generate"])
     (judge,) = by_name["judge"]
     assert judge.parent.span_id == episode.context.span_id
+
+
+def test_chat_api_backend_runs_the_same_loop_marked_not_token_exact(
+    sandbox_server: RunningServer, codec: ChatCodec
+) -> None:
+    """A hosted chat-only model: OpenAI chat completions with `tools` and `tool_calls`. The endpoint is a
+    stand-in written for this test (no hosted API is reachable here) that replies from a script and
+    keeps the requests; the backend and the loop are the production ones."""
+    from aiohttp import web
+
+    from cuda_agent.rollout.openai_http import OpenAIChatBackend
+
+    script = [
+        {"content": "", "tool_calls": [_chat_call("c1", "Bash", {"command": "echo via-chat-api"})]},
+        {"content": "", "tool_calls": [_chat_call("c2", "Nope", {}), _chat_call("c3", "Glob", "{bad")]},
+        {"content": "All done.", "tool_calls": None},
+    ]
+    requests: list[dict[str, Any]] = []
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        requests.append(body)
+        message = {"role": "assistant", **script[len(requests) - 1]}
+        finish = "tool_calls" if message["tool_calls"] else "stop"
+        return web.json_response({"choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+
+    async def main() -> Trajectory:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        backend = OpenAIChatBackend(f"http://127.0.0.1:{port}", "hosted-model")
+        try:
+            async with SandboxClient(sandbox_server.url) as sandbox:
+                loop = AgentLoop(backend, sandbox, codec, AgentConfig())
+                return await loop.run(TASK, SamplingParams(temperature=0.2, max_tokens=300))
+        finally:
+            await backend.close()
+            await runner.cleanup()
+
+    trajectory = asyncio.run(main())
+    assert trajectory.end == "finished" and not trajectory.token_exact
+    assert [t.tool_calls for t in trajectory.turns] == [["Bash"], ["Nope", "Glob"], []]
+    assert trajectory.invalid_tool_call_kinds == {"unknown_tool": 1, "malformed": 1}
+    first, second, third = requests
+    assert [m["role"] for m in first["messages"]] == ["system", "user"]
+    assert {t["function"]["name"] for t in first["tools"]} >= {"Bash", "Write", "TodoWrite"}
+    assert second["messages"][-2]["tool_calls"][0]["id"] == "c1"
+    assert second["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "c1",
+        "content": second["messages"][-1]["content"],
+    }
+    assert "via-chat-api" in second["messages"][-1]["content"]
+    assert [m.get("tool_call_id") for m in third["messages"][-2:]] == ["c2", "c3"]
+    assert "unknown tool 'Nope'" in third["messages"][-2]["content"]
+    # The record is the chat template's rendering of the same conversation (policy tokens masked 1).
+    replies = [codec.decode(ids) for mask, ids in segments(trajectory) if mask == 1]
+    assert '"name": "Bash"' in replies[0] and replies[-1] == "All done.<|im_end|>"
+
+
+def _chat_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": encoded}}

@@ -22,7 +22,10 @@ def test_hermes_blocks_in_order_with_string_or_object_arguments() -> None:
         ToolCall("Bash", {"command": "ls"}),
     ]
     # Raw newlines inside JSON strings (common in generated code) are accepted.
-    code = '<tool_call>{"name": "Write", "arguments": {"file_path": "a.py", "content": "x = 1\ny = 2\n"}}</tool_call>'
+    code = (
+        '<tool_call>{"name": "Write", "arguments": {"file_path": "a.py", "content": "x = 1\ny = 2\n"}}'
+        "</tool_call>"
+    )
     (write,) = parse_hermes(code)
     assert isinstance(write, ToolCall) and write.arguments["content"] == "x = 1\ny = 2\n"
 

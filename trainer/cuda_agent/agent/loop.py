@@ -19,6 +19,8 @@ the trainer must not learn from it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
 import uuid
@@ -37,7 +39,7 @@ from cuda_agent.agent.prompt import system_message, task_message
 from cuda_agent.agent.records import TrajectoryWriter
 from cuda_agent.agent.tools import ToolArgumentError, resolve, validate_arguments
 from cuda_agent.agent.trajectory import EpisodeEnd, JudgeVerdict, Trajectory, TurnRecord
-from cuda_agent.rollout.base import Generation, GenerationBackend, SamplingParams
+from cuda_agent.rollout.base import ChatBackend, Generation, GenerationBackend, SamplingParams
 from cuda_agent.sandbox.api import JudgeRun, TaskRef, ToolName
 from cuda_agent.sandbox.client import SandboxClient, SandboxError
 from cuda_agent.telemetry import Stage, span
@@ -98,7 +100,7 @@ class AgentLoop:
 
     def __init__(
         self,
-        backend: GenerationBackend,
+        backend: GenerationBackend | ChatBackend,
         sandboxes: SandboxClient | Sequence[SandboxClient],
         codec: ChatCodec,
         config: AgentConfig | None = None,
@@ -170,6 +172,9 @@ class _Episode:
         self.pending: Generation | None = None
         self.pending_calls: list[ParsedCall] = []
         self.generate_s = 0.0
+        # A chat API (hosted model) gets the conversation as messages; token backends never need them.
+        self.chat = loop.backend if isinstance(loop.backend, ChatBackend) else None
+        self.messages: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ driver
 
@@ -241,9 +246,9 @@ class _Episode:
         if seeded.is_error or sep not in seeded.output:
             raise SandboxUnavailable(f"the workspace has no SKILL.md / model.py: {seeded.output[:300]}")
         skill, model_source = seeded.output.split(f"\n{sep}\n", 1)
-        self.token_ids = self.codec.prompt_ids(
-            system_message(skill), task_message(self.task.name, model_source)
-        )
+        system, user = system_message(skill), task_message(self.task.name, model_source)
+        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        self.token_ids = self.codec.prompt_ids(system, user)
         self.prompt_length = len(self.token_ids)
         self.loss_mask = [0] * self.prompt_length
         self.logprobs = [0.0] * self.prompt_length
@@ -272,10 +277,14 @@ class _Episode:
         started = time.monotonic()
         with span("generate", episode_id=self.episode_id, prompt_tokens=len(self.token_ids)) as sp:
             try:
-                generation = await asyncio.wait_for(
-                    self.loop.backend.generate(self.token_ids, sampling, session=self.episode_id),
-                    remaining,
-                )
+                if self.chat is not None:
+                    reply = self.chat.chat(self.messages, self.codec.tools, sampling)
+                else:
+                    assert isinstance(self.loop.backend, GenerationBackend)
+                    reply = self.loop.backend.generate(self.token_ids, sampling, session=self.episode_id)
+                generation = await asyncio.wait_for(reply, remaining)
+                if self.chat is not None:
+                    generation = self._tokenize_chat_reply(generation)
             except TimeoutError:
                 return self._stop("wall_clock", "the wall-clock budget ran out during generation")
             except Exception as exc:  # an engine failure ends the episode, never the caller's batch
@@ -322,6 +331,11 @@ class _Episode:
             names.append(call.name or "?")
             content = truncate_observation(output, self.cfg.max_observation_chars)
             messages.append(self.codec.tool_message(content, call.name, call.call_id))
+            if self.chat is not None:  # a chat API answers every tool call id with a tool message
+                role = {"role": "tool", "tool_call_id": call.call_id} if call.call_id else {"role": "user"}
+                self.messages.append({**role, "content": content})
+        if self.chat is not None and not self.pending_calls:
+            self.messages.append(messages[0])
         tools_s = time.monotonic() - started
         last = generation.token_ids[-1] if generation.token_ids else None
         observation = self.codec.observation_ids(messages, last)
@@ -334,6 +348,28 @@ class _Episode:
         if time.monotonic() >= self.deadline:
             return self._stop("wall_clock")
         return EpisodeState.GENERATING
+
+    def _tokenize_chat_reply(self, generation: Generation) -> Generation:
+        """A chat API's reply as the policy's chat template would hold it (text, then Hermes tool-call
+        blocks, then the end-of-turn token): the record of a text-only backend, not the model's ids."""
+        assistant: dict[str, Any] = {"role": "assistant", "content": generation.text or ""}
+        blocks = []
+        for raw in generation.tool_calls:
+            function = raw.get("function") if isinstance(raw, dict) else None
+            if isinstance(function, dict):
+                arguments = function.get("arguments")
+                with contextlib.suppress(json.JSONDecodeError):  # else kept as the string the model wrote
+                    arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+                call = {"name": function.get("name"), "arguments": arguments}
+                blocks.append(f"\n<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>")
+        if generation.tool_calls:
+            assistant["tool_calls"] = generation.tool_calls
+        self.messages.append(assistant)
+        ids = self.codec.encode((generation.text or "") + "".join(blocks))
+        if generation.finish_reason == "stop" and self.codec.tokenizer.eos_token_id is not None:
+            ids.append(self.codec.tokenizer.eos_token_id)
+        generation.token_ids, generation.logprobs = ids, [0.0] * len(ids)
+        return generation
 
     async def _call_tool(self, call: ParsedCall) -> tuple[str, int]:
         """(observation text, 1 if it was an error else 0)."""

@@ -59,3 +59,17 @@ class GenerationBackend(Protocol):
     ) -> Generation: ...
 
     async def release(self, session: str) -> None: ...
+
+
+@runtime_checkable
+class ChatBackend(Protocol):
+    """A text-only chat API (a hosted model): the loop sends messages and OpenAI tool schemas and gets the
+    reply's text and `tool_calls`. Its records are a local re-tokenization (`token_exact = False`)."""
+
+    token_exact: bool
+
+    async def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], sampling: SamplingParams
+    ) -> Generation: ...
+
+    async def release(self, session: str) -> None: ...

@@ -30,30 +30,24 @@ class EndpointError(RuntimeError):
         self.status = status
 
 
-class OpenAICompatibleBackend:
+class _Endpoint:
+    """One aiohttp session to an OpenAI-compatible server, with retries for overload and lost connections."""
+
     def __init__(
         self,
         base_url: str,
         model: str,
         *,
-        mode: Mode = "tokens",
-        tokenizer: Any = None,
         api_key: str | None = None,
         timeout_s: float = 600.0,
         max_connections: int = 512,
         retries: int = 2,
     ) -> None:
-        if mode == "text" and tokenizer is None:
-            raise ValueError("text mode needs the model's tokenizer (to decode prompts, encode replies)")
-        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.base_url = base_url.rstrip("/")
         self.model = model
-        self.mode = mode
-        self.tokenizer = tokenizer
-        self.token_exact = mode == "tokens"
         self.retries = retries
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._headers = headers
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
 
@@ -70,6 +64,43 @@ class OpenAICompatibleBackend:
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()
+
+    async def release(self, session: str) -> None:
+        return None
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        for attempt in range(self.retries + 1):
+            try:
+                async with self._session().post(self.base_url + path, json=body) as resp:
+                    payload: dict[str, Any] = await resp.json(content_type=None)
+                    if resp.status >= 400:
+                        error = payload.get("error", payload) if isinstance(payload, dict) else payload
+                        message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
+                        # Overload and gateway errors are worth a retry; a bad request is not.
+                        if resp.status in (429, 502, 503, 504) and attempt < self.retries:
+                            await asyncio.sleep(0.5 * 2**attempt)
+                            continue
+                        raise EndpointError(resp.status, message)
+                    return payload
+            except aiohttp.ClientConnectionError:
+                if attempt >= self.retries:
+                    raise
+                await asyncio.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
+
+
+class OpenAICompatibleBackend(_Endpoint):
+    """The completions API, token ids in and out (`tokens`) or text (`text`)."""
+
+    def __init__(
+        self, base_url: str, model: str, *, mode: Mode = "tokens", tokenizer: Any = None, **kwargs: Any
+    ) -> None:
+        if mode == "text" and tokenizer is None:
+            raise ValueError("text mode needs the model's tokenizer (to decode prompts, encode replies)")
+        super().__init__(base_url, model, **kwargs)
+        self.mode = mode
+        self.tokenizer = tokenizer
+        self.token_exact = mode == "tokens"
 
     def _body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -93,30 +124,10 @@ class OpenAICompatibleBackend:
             body["prompt"] = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         return body
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        for attempt in range(self.retries + 1):
-            try:
-                async with self._session().post(self.url, json=body) as resp:
-                    payload: dict[str, Any] = await resp.json(content_type=None)
-                    if resp.status >= 400:
-                        error = payload.get("error", payload) if isinstance(payload, dict) else payload
-                        message = error.get("message", str(error)) if isinstance(error, dict) else str(error)
-                        # Overload and gateway errors are worth a retry; a bad request is not.
-                        if resp.status in (429, 502, 503, 504) and attempt < self.retries:
-                            await asyncio.sleep(0.5 * 2**attempt)
-                            continue
-                        raise EndpointError(resp.status, message)
-                    return payload
-            except aiohttp.ClientConnectionError:
-                if attempt >= self.retries:
-                    raise
-                await asyncio.sleep(0.5 * 2**attempt)
-        raise AssertionError("unreachable")
-
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
     ) -> Generation:
-        payload = await self._post(self._body(prompt_ids, sampling))
+        payload = await self._post("/v1/completions", self._body(prompt_ids, sampling))
         choice = payload["choices"][0]
         finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
         logprobs = choice.get("logprobs") or {}
@@ -133,5 +144,30 @@ class OpenAICompatibleBackend:
         lps = [float(v or 0.0) for v in values] if aligned else [0.0] * len(ids)
         return Generation(ids, lps, finish, text=text)
 
-    async def release(self, session: str) -> None:
-        return None
+
+class OpenAIChatBackend(_Endpoint):
+    """The chat completions API with `tools`, for hosted models that take only messages. The reply comes
+    back as text and `tool_calls`; the loop keeps the conversation as messages and records a local
+    re-tokenization, so trajectories are marked not token-exact (evaluation, not PPO)."""
+
+    token_exact = False
+
+    async def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], sampling: SamplingParams
+    ) -> Generation:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "tools": tools,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        payload = await self._post("/v1/chat/completions", body)
+        choice = payload["choices"][0]
+        message = choice.get("message") or {}
+        finish: FinishReason = "length" if choice.get("finish_reason") == "length" else "stop"
+        calls = message.get("tool_calls") or []
+        return Generation([], [], finish, text=message.get("content") or "", tool_calls=list(calls))
