@@ -355,3 +355,22 @@ def test_chat_api_backend_runs_the_same_loop_marked_not_token_exact(
 def _chat_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
     encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": encoded}}
+
+
+def test_more_concurrent_episodes_than_session_slots_queue_for_a_slot(
+    sandbox_server: RunningServer, codec: ChatCodec, tokenizer: Any
+) -> None:
+    """The fixture's server has 8 session slots; 16 episodes run at once through one loop and one
+    client. Those that find the server full (503) wait for a slot instead of failing."""
+    replies = [call("Bash", command="echo busy; sleep 0.5"), "Done."]
+    backend = ReplayBackend(replies, tokenizer)
+
+    async def main() -> list[Trajectory]:
+        async with SandboxClient(sandbox_server.url) as sandbox:
+            loop = AgentLoop(backend, sandbox, codec, AgentConfig())
+            return list(await asyncio.gather(*(loop.run(TASK, SamplingParams()) for _ in range(16))))
+
+    trajectories = asyncio.run(main())
+    assert [t.end for t in trajectories] == ["finished"] * 16
+    assert all(t.attempts == 1 and len(t.turns) == 2 for t in trajectories)
+    assert len({t.episode_id for t in trajectories}) == 16

@@ -22,6 +22,9 @@ class AgentConfig(BaseModel):
     tool_timeout_s: float = Field(
         default=660.0, gt=0, description="client-side bound on one tool call (bash's own limit is 600 s)"
     )
+    session_wait_s: float = Field(
+        default=600.0, ge=0, description="how long to wait for a free session slot (503) before giving up"
+    )
     judge_stage: JudgeStage = "profile"
     judge_timeout_s: float = Field(default=1800.0, gt=0)
     device: Device = "cpu"

@@ -40,7 +40,7 @@ from cuda_agent.agent.records import TrajectoryWriter
 from cuda_agent.agent.tools import ToolArgumentError, resolve, validate_arguments
 from cuda_agent.agent.trajectory import EpisodeEnd, JudgeVerdict, Trajectory, TurnRecord
 from cuda_agent.rollout.base import ChatBackend, Generation, GenerationBackend, SamplingParams
-from cuda_agent.sandbox.api import JudgeRun, TaskRef, ToolName
+from cuda_agent.sandbox.api import JudgeRun, SessionInfo, TaskRef, ToolName
 from cuda_agent.sandbox.client import SandboxClient, SandboxError
 from cuda_agent.telemetry import Stage, span
 
@@ -224,17 +224,8 @@ class _Episode:
             raise SandboxUnavailable("the sandbox did not open a session in time") from None
 
     async def _open_session(self) -> EpisodeState:
-        self.deadline = time.monotonic() + self.cfg.wall_clock_s
-        session = await self._sandbox(
-            self.sandbox.create_session(
-                self.task.source,
-                task_uri=self.task.uri,
-                device=self.cfg.device,
-                judge=self.cfg.judge,
-                name=self.task.name,
-            ),
-            self.cfg.tool_timeout_s,
-        )
+        session = await self._create_session()
+        self.deadline = time.monotonic() + self.cfg.wall_clock_s  # waiting for a slot is not the policy's
         self.session_id = session.session_id
         sep = f"--- cuda-agent {uuid.uuid4().hex} ---"
         seeded = await self._sandbox(
@@ -255,6 +246,33 @@ class _Episode:
         if self.prompt_length >= self.cfg.max_context_tokens:
             return self._stop("max_context", f"the prompt alone has {self.prompt_length} tokens")
         return EpisodeState.GENERATING
+
+    async def _create_session(self) -> SessionInfo:
+        """A new session; while the server is full (503) wait with backoff, up to `session_wait_s`, as
+        episodes beyond a pool's capacity queue for slots (the autoscaler sees the queue)."""
+        waited, pause = 0.0, 0.2
+        while True:
+            create = self.sandbox.create_session(
+                self.task.source,
+                task_uri=self.task.uri,
+                device=self.cfg.device,
+                judge=self.cfg.judge,
+                name=self.task.name,
+            )
+            try:
+                session: SessionInfo = await asyncio.wait_for(create, self.cfg.tool_timeout_s)
+                return session
+            except SandboxError as exc:
+                if exc.status != 503 or waited >= self.cfg.session_wait_s:
+                    lost = _as_unavailable(exc)
+                    if lost is not None:
+                        raise lost from exc
+                    raise
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                raise SandboxUnavailable(f"sandbox unreachable: {exc!r}") from exc
+            await asyncio.sleep(pause)
+            waited += pause
+            pause = min(pause * 2, 5.0)
 
     # ------------------------------------------------------------------ states
 
