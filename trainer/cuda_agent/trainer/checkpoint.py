@@ -35,7 +35,8 @@ class TrainerState(BaseModel):
     completed_stages: list[str] = Field(default_factory=list)
     ppo_step: int = 0  # multi-turn PPO steps completed (the TrainingRun's status.step)
     data_position: dict[str, int] = Field(default_factory=dict)  # per stage: episodes drawn so far
-    episodes: int = 0  # episodes learned from, all stages
+    episodes: int = 0  # episodes collected by PPO steps (single-turn and multi-turn), each counted once
+    warmup_episodes: int = 0  # size of the recorded warm-up source set (RFT / value pretraining)
     checkpoints: int = 0  # checkpoints written so far (names the next one)
     history: list[dict[str, Any]] = Field(default_factory=list)  # per step: stage, step, reward, pass rate
 
@@ -101,6 +102,11 @@ class CheckpointStore:
         for old in [n for n in names if n < newest][: max(0, len(names) - self.keep)]:
             for info in list(self.store.list_objects(self.uri(old) + "/")):
                 self.store.delete(info.uri)
+
+
+def peek_state(uri: str) -> TrainerState:
+    """Only the trainer state of the checkpoint at `uri` (status reports before any role is built)."""
+    return TrainerState.model_validate_json(open_store(uri).get_bytes(join_uri(uri, "state.json")))
 
 
 def load_checkpoint(uri: str, load_roles: Callable[[Path], None]) -> TrainerState:

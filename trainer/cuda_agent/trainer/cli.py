@@ -48,6 +48,21 @@ def checkpoint_prefix(run: TrainingRun, env: TrainerEnv) -> str:
     )
 
 
+def last_position(run: TrainingRun, env: TrainerEnv) -> tuple[int, str | None]:
+    """PPO steps and checkpoint of the newest checkpoint (0, None when there is none or it cannot be read),
+    so a report made before training starts does not reset the run's status.step."""
+    try:
+        from cuda_agent.trainer.checkpoint import CheckpointStore, peek_state
+
+        uri = (
+            env.resume_from or CheckpointStore(checkpoint_prefix(run, env), run.spec.checkpoint.keep).latest()
+        )
+        return (peek_state(uri).ppo_step, uri) if uri else (0, None)
+    except Exception:
+        log.exception("could not read the last checkpoint")
+        return 0, None
+
+
 def suspend_watch(path: Path, env: TrainerEnv) -> Callable[[], bool]:
     """spec.suspend as it is now: read from the apiserver in kubernetes mode, else from the run file
     (which the local executor rewrites)."""
@@ -88,26 +103,26 @@ def main(argv: Sequence[str]) -> int:
         return 2
     status = open_status_writer(env)
     if run.spec.suspend:
-        _write(
-            status,
-            TrainerProgress(
-                phase=TrainingRunPhase.SUSPENDED, step=0, stage="ppo", message="spec.suspend is true"
-            ),
+        step, checkpoint = last_position(run, env)
+        progress = TrainerProgress(
+            phase=TrainingRunPhase.SUSPENDED,
+            step=step,
+            stage="ppo",
+            last_checkpoint=checkpoint,
+            message="spec.suspend is true",
         )
+        _write(status, progress)
         return 0
     try:
         return train(run, env, args.file, args.rollout, status)
     except Exception as exc:
         log.exception("training failed")
-        _write(
-            status,
-            TrainerProgress(
-                phase=TrainingRunPhase.FAILED,
-                step=0,
-                stage="ppo",
-                message=f"{type(exc).__name__}: {exc}"[:4000],
-            ),
+        step, checkpoint = last_position(run, env)
+        message = f"{type(exc).__name__}: {exc}"[:4000]
+        progress = TrainerProgress(
+            phase=TrainingRunPhase.FAILED, step=step, stage="ppo", last_checkpoint=checkpoint, message=message
         )
+        _write(status, progress)
         return 1
 
 

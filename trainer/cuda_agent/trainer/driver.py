@@ -218,14 +218,17 @@ class Trainer:
     def _rft_source(self) -> list[Trajectory]:
         """The warm-up trajectories: spec.warmup.rft.trajectoriesUri, else one batch of rollouts with the
         current policy. Recorded once, so value pretraining and a resumed run read the same set."""
-        if self.rft_source is not None:
-            return self.rft_source
+        if self.rft_source is None:
+            self.rft_source = self._load_rft_source()
+            self.state.warmup_episodes = len(self.rft_source)
+        return self.rft_source
+
+    def _load_rft_source(self) -> list[Trajectory]:
         key = join_uri(self.checkpoints.prefix, "episodes/warmup-source.jsonl")
         store = open_store(key)
         if store.exists(key):
             lines = store.get_bytes(key).decode().splitlines()
-            self.rft_source = [Trajectory.from_json(line) for line in lines if line.strip()]
-            return self.rft_source
+            return [Trajectory.from_json(line) for line in lines if line.strip()]
         uri = self.spec.warmup.rft.trajectories_uri
         if uri:
             from cuda_agent.agent.records import read_trajectories
@@ -233,18 +236,16 @@ class Trainer:
             source_store = open_store(uri)
             if uri.endswith(".jsonl"):
                 lines = source_store.get_bytes(uri).decode().splitlines()
-                self.rft_source = [Trajectory.from_json(line) for line in lines if line.strip()]
+                source = [Trajectory.from_json(line) for line in lines if line.strip()]
             else:
-                self.rft_source = list(read_trajectories(uri, source_store))
+                source = list(read_trajectories(uri, source_store))
         else:
             saved = self.state.stage
             self.state.stage = RFT
-            self.rft_source = self._collect(
-                self.spec.agent.max_turns_train, self.spec.agent.max_context_tokens
-            )
+            source = self._collect(self.spec.agent.max_turns_train, self.spec.agent.max_context_tokens)
             self.state.stage = saved
-        self._record("episodes/warmup-source.jsonl", self.rft_source)
-        return self.rft_source
+        self._record("episodes/warmup-source.jsonl", source)
+        return source
 
     def _record(self, relative: str, trajectories: list[Trajectory]) -> None:
         key = join_uri(self.checkpoints.prefix, relative)

@@ -1,9 +1,8 @@
 """A trainable module with its optimizer and LR schedule: DeepSpeed (ZeRO stage 0-3) or plain torch.
 
-Both backends offer the same five operations: forward through `module`, `start` an optimizer step of
-n micro-batches, `backward` each, `finish`, `save` / `load` of the full
-training state (weights, optimizer, scheduler). Plain torch serves machines without DeepSpeed (the GPU
-benchmark host) and single-device CPU runs.
+Both backends offer the same operations: `forward`, then per optimizer step `start(n)`, `backward` of each
+of the n micro-batches and `finish`; `save` / `load` of the full training state (weights, optimizer,
+scheduler). Plain torch serves machines without DeepSpeed (the GPU benchmark host) and single-device runs.
 """
 
 from __future__ import annotations
