@@ -1,63 +1,44 @@
 """Status writers: how a trainer's progress reaches its TrainingRun.
 
 The mode comes from the operator <-> trainer contract (`TrainerEnv.status_mode`): "kubernetes" patches the
-TrainingRun's status subresource through the API models, "file" appends one JSON line per report (the
-local executor and tests read it), "none" only logs. Torch-free, so the operator and tests import it.
+trainer-owned fields of the TrainingRun's status subresource (step, metrics, lastCheckpoint) through the
+API models; "file" appends one JSON line per report (the local executor and tests read it); "none" only
+logs. Torch-free, so the operator and tests import it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from cuda_agent.api.base import GROUP, VERSION, Condition, ConditionStatus
+from cuda_agent.api.base import GROUP, VERSION
 from cuda_agent.api.run_contract import TrainerEnv, TrainerProgress
-from cuda_agent.api.trainingrun import TrainingRun, TrainingRunPhase, TrainingRunStatus
+from cuda_agent.api.trainingrun import TrainingRun, TrainingRunStatus
 
 log = logging.getLogger(__name__)
-
-# The condition a trainer reports in each phase; the operator owns Provisioning.
-_PHASE_CONDITION: dict[TrainingRunPhase, str] = {
-    TrainingRunPhase.WARMING_UP: "WarmingUp",
-    TrainingRunPhase.RUNNING: "Training",
-    TrainingRunPhase.SUSPENDED: "Suspended",
-    TrainingRunPhase.SUCCEEDED: "Succeeded",
-    TrainingRunPhase.FAILED: "Failed",
-}
 
 
 class StatusWriter(Protocol):
     def write(self, progress: TrainerProgress) -> None: ...
 
 
-def progress_status(progress: TrainerProgress, now: datetime | None = None) -> TrainingRunStatus:
-    """The TrainingRun status that mirrors one progress report."""
-    condition = None
-    condition_type = _PHASE_CONDITION.get(progress.phase)
-    if condition_type is not None:
-        reason = "".join(part.capitalize() for part in progress.stage.split("_")) or "Trainer"
-        condition = Condition(
-            type=condition_type,
-            status=ConditionStatus.TRUE,
-            last_transition_time=now or datetime.now(UTC),
-            reason=reason,
-            message=progress.message,
-        )
+def progress_status(progress: TrainerProgress) -> TrainingRunStatus:
+    """The trainer-owned part of the TrainingRun status that mirrors one progress report: step, metrics,
+    last checkpoint. Phase and conditions belong to the operator (operator/run_reconciler.py), which derives
+    WarmingUp / Training from the driver's state and this step; a merge patch of these fields only leaves
+    the operator's untouched."""
     return TrainingRunStatus(
-        phase=progress.phase,
-        step=progress.step,
-        metrics=progress.metrics,
-        last_checkpoint=progress.last_checkpoint,
-        conditions=[condition] if condition else [],
+        step=progress.step, metrics=progress.metrics, last_checkpoint=progress.last_checkpoint
     )
 
 
 def status_patch(progress: TrainerProgress) -> dict[str, Any]:
     """The merge-patch body for the status subresource."""
-    status = progress_status(progress).model_dump(mode="json", by_alias=True, exclude_none=True)
+    status = progress_status(progress).model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude_unset=True
+    )
     return {"status": status}
 
 
@@ -86,7 +67,8 @@ class KubernetesStatusWriter:
 
 
 class FileStatusWriter:
-    """Appends one JSON line per report: the status patch plus the trainer's own fields."""
+    """Appends one JSON line per report: the status patch, and the whole progress (phase, stage, message)
+    for the local executor and for people reading the file."""
 
     def __init__(self, path: str) -> None:
         self._path = Path(path)

@@ -1,5 +1,6 @@
 """The trainer's status writer and suspend watch against a real kube-apiserver (the local control plane):
-progress lands in the TrainingRun's status subresource through the API models, and spec.suspend is read
+the trainer-owned status fields (step, metrics, lastCheckpoint) land in the TrainingRun's status
+subresource through the API models, phase and conditions stay the operator's, and spec.suspend is read
 back from the object."""
 
 from __future__ import annotations
@@ -55,11 +56,10 @@ def test_status_patch_and_suspend_watch(
             kube_cluster.kubectl("get", "-n", namespace, "trainingrun", "r1", "-o", "json").stdout
         )
         status = got["status"]
-        assert (status["phase"], status["step"]) == ("Running", 7)
+        assert status["step"] == 7
+        assert "phase" not in status and "conditions" not in status  # the operator's fields
         assert status["metrics"] == {"meanReward": 1.25, "passRate": 0.5, "fasterThanCompileRate": 0.125}
         assert status["lastCheckpoint"] == "s3://ckpt/r1/ckpt-000003"
-        training = [c for c in status["conditions"] if c["type"] == "Training"]
-        assert training and training[0]["status"] == "True" and training[0]["message"] == "ppo step 7 done"
 
         watch = suspend_watch(tmp_path / "unused.yaml", env)
         assert watch() is False

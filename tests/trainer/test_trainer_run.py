@@ -72,7 +72,7 @@ def test_stages_run_in_order_and_report_status(uninterrupted: Any) -> None:
     assert state.ppo_step == run.spec.algorithm.steps == 3
     assert state.episodes == 4 * run.spec.algorithm.batch_size  # 1 single-turn + 3 PPO batches
     lines = [json.loads(line) for line in (prefix / "status.jsonl").read_text().splitlines()]
-    phases = [line["status"]["phase"] for line in lines]
+    phases = [line["progress"]["phase"] for line in lines]
     assert phases[0] == "WarmingUp" and phases[-1] == "Succeeded" and "Running" in phases
     assert lines[-1]["status"]["step"] == 3
     assert lines[-1]["status"]["lastCheckpoint"].startswith(str(prefix / "ckpt"))
@@ -138,7 +138,7 @@ def test_suspend_checkpoints_and_stops_then_resumes(
         suspended.train()
     assert suspended.last_checkpoint is not None  # written although everySteps=3
     last = json.loads((tmp_path / "status.jsonl").read_text().splitlines()[-1])
-    assert last["status"]["phase"] == "Suspended" and last["status"]["step"] == 1
+    assert last["progress"]["phase"] == "Suspended" and last["status"]["step"] == 1
     state = make_trainer(run, tmp_path, ScriptedRollout()).train()
     assert state.ppo_step == 3 and state.episodes == 3 * run.spec.algorithm.batch_size
 
@@ -193,7 +193,7 @@ def test_cli_killed_mid_step_resumes_without_counting_an_episode_twice(
     state = TrainerState.model_validate_json((tmp_path / "ckpt" / latest / "state.json").read_text())
     assert state.episodes == 3 * 4 and state.ppo_step == 3
     assert [h["step"] for h in state.history if h["stage"] == "ppo"] == [1, 2, 3]
-    phases = [json.loads(line)["status"]["phase"] for line in status_file.read_text().splitlines()]
+    phases = [json.loads(line)["progress"]["phase"] for line in status_file.read_text().splitlines()]
     assert phases[-1] == "Succeeded"
 
 
