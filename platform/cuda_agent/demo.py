@@ -56,6 +56,7 @@ class Observation:
     rewards: list[tuple[int, float]] = field(default_factory=list)  # (step, mean reward) per new step
     pass_rates: list[tuple[int, float]] = field(default_factory=list)
     last_row: str = ""
+    timed_out: bool = False
 
 
 def run_documents(path: Path) -> list[dict[str, Any]]:
@@ -172,7 +173,9 @@ def watch(cluster: LocalCluster, name: str, timeout: float, started: float, run_
             return seen
         if time.monotonic() - started > timeout:
             print()
-            raise DemoError(f"the run did not finish within {timeout:.0f} s (phase {status.get('phase')})")
+            print(f"\nthe run did not finish within {timeout:.0f} s (phase {status.get('phase')})")
+            seen.timed_out = True
+            return seen
         time.sleep(POLL_SECONDS)
 
 
@@ -200,7 +203,7 @@ def summary(run: dict[str, Any], seen: Observation, run_dir: Path, minio: LocalM
     lines.append(f"run directory: {run_dir} (run.yaml, trainer.log, sandbox.log and what the trainer wrote)")
     lines += [f"  {path.relative_to(run_dir)}" for path in sorted(run_dir.rglob("*.png"))]
     trainer_log = run_dir / "trainer.log"
-    if status.get("phase") != "Succeeded" and trainer_log.exists():
+    if status.get("phase") == "Failed" and trainer_log.exists():
         tail = trainer_log.read_text(errors="replace").splitlines()[-15:]
         lines += [f"last lines of {trainer_log}:", *(f"  {line}" for line in tail)]
     if minio is not None:
@@ -274,7 +277,7 @@ def run_demo(args: argparse.Namespace, cluster: LocalCluster) -> int:
         seen = watch(cluster, name, args.timeout, started, workdir / "runs" / NAMESPACE / name)
         run = get_run(cluster, name)
         print(summary(run, seen, workdir / "runs" / NAMESPACE / name, minio))
-        say("done")
+        say("stopped at the time limit (--timeout)" if seen.timed_out else "done")
         return 0 if (run.get("status") or {}).get("phase") == "Succeeded" else 1
     finally:
         if not args.keep:
