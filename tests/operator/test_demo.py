@@ -29,6 +29,7 @@ def test_demo_runs_the_local_run_to_the_end_and_summarises_it(tmp_path: Path) ->
     documents = list(yaml.safe_load_all((REPO_ROOT / "examples" / "trainingrun-local.yaml").read_text()))
     run = next(doc for doc in documents if doc["kind"] == "TrainingRun")
     run["metadata"]["name"] = "finish-demo"  # the stand-in exits 0 after three steps for finish-* runs
+    run["spec"]["algorithm"]["steps"] = 3
     run_file = tmp_path / "run.yaml"
     run_file.write_text(yaml.safe_dump_all(documents))
     command = [
