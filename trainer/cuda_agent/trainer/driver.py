@@ -143,6 +143,11 @@ class Trainer:
                 trajectories = self._collect(1 if single else self.spec.agent.max_turns_train, context)
                 rollout_s = time.perf_counter() - clock
                 usable = [t for t in trajectories if learnable(t)]
+                if not usable:
+                    reasons = sorted({f"{t.end}: {t.error}" if t.error else t.end for t in trajectories})
+                    log.warning(
+                        "%s step %d: no episode to learn from (%s)", stage, step + 1, "; ".join(reasons)
+                    )
                 metrics = (
                     ppo_step(
                         usable,
