@@ -1,5 +1,5 @@
-"""Any OpenAI-compatible HTTP endpoint as a `GenerationBackend` (a user's vLLM / SGLang server, a hosted
-model), through the completions API so that the loop's chat template and token ids stay in charge.
+"""Any OpenAI-compatible HTTP endpoint as a backend (a user's vLLM / SGLang server, a hosted model):
+preferably through the completions API, so that the loop's chat template and token ids stay in charge.
 
 Two modes:
 - `tokens` (token-exact): the prompt is sent as token ids (`"prompt": [ids]`) and the reply comes back as
@@ -9,6 +9,9 @@ Two modes:
   work, but the ids are a re-tokenization (token boundaries may differ from what the model sampled) and
   log-probs are kept only when the server's tokens line up one to one; the backend reports
   `token_exact = False` and the loop marks its trajectories so the trainer does not learn from them.
+
+`OpenAIChatBackend` speaks the chat completions API instead (messages, `tools`, `tool_calls`), for hosted
+models that offer nothing else; see `ChatBackend` and docs/agent.md.
 """
 
 from __future__ import annotations
