@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, start_sandbox
+from agent_helpers import EXAMPLES, start_sandbox
 from sandbox_helpers import REAL_JUDGE_DIR, RunningServer, cleanup, needs_root
 
 from cuda_agent.agent import AgentConfig, AgentLoop, ChatCodec, Trajectory, openai_tools

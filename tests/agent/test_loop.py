@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import EXAMPLES, start_sandbox
+from agent_helpers import EXAMPLES, start_sandbox
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sandbox_helpers import RunningServer, cleanup

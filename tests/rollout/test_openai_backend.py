@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from conftest import build_tiny_model
+from rollout_helpers import build_tiny_model
 
 from cuda_agent.rollout import SamplingParams
 from cuda_agent.rollout.hf import TransformersBackend

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import torch
-from conftest import build_tiny_model
+from rollout_helpers import build_tiny_model
 
 from cuda_agent.rollout import SamplingParams
 from cuda_agent.rollout.hf import TransformersBackend
