@@ -311,6 +311,34 @@ class _Batch:
         self.mask = mask
 
 
+class TransformersEngine:
+    """A Ray actor body with VLLMEngine's interface, serving a transformers model from a directory: rollout
+    engines on Ray where vLLM is not available (CPU hosts, the local demo, tests).
+
+        Engine = ray.remote(TransformersEngine)
+        engines = [EngineActorBackend(Engine.remote("/models/policy", [eos])) for _ in range(2)]
+        backend = RoutedBackend(engines)  # cuda_agent.rollout.router
+    """
+
+    def __init__(self, model_dir: str, eos_token_ids: list[int], *, dtype: str = "float32") -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.backend = TransformersBackend(model, eos_token_ids)
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, session: str | None = None
+    ) -> tuple[list[int], list[float], str]:
+        generation = await self.backend.generate(prompt_ids, sampling, session=session)
+        return generation.token_ids, generation.logprobs, generation.finish_reason
+
+    async def release(self, session: str) -> None:
+        await self.backend.release(session)
+
+    async def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        await self.backend.update_weights(bucket)
+
+
 def _resolve(future: asyncio.Future[Generation], generation: Generation) -> None:
     if not future.done():
         future.set_result(generation)

@@ -1,6 +1,7 @@
 """Several engines behind one `GenerationBackend`: an episode's first turn goes to the least-loaded
 engine, and every later turn to the same one (its prefix cache holds the episode's context). The
-trainer's weight-update hook fans out to every engine."""
+trainer's weight-update hook fans out to every engine. `EngineActorBackend` makes an engine running as a
+Ray actor (vllm_engine.VLLMEngine, hf.TransformersEngine) one of them: the Ray plumbing lives here."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from cuda_agent.rollout.base import Generation, GenerationBackend, SamplingParams
+from cuda_agent.rollout.base import FinishReason, Generation, GenerationBackend, SamplingParams
 
 NamedTensors = list[tuple[str, Any]]  # [(parameter name, tensor)], one bucket of a weight update
 
@@ -68,3 +69,27 @@ def _updatable(engine: GenerationBackend) -> UpdatableBackend:
     if not hasattr(engine, "update_weights"):
         raise TypeError(f"{type(engine).__name__} has no update_weights hook")
     return engine  # type: ignore[return-value]
+
+
+class EngineActorBackend:
+    """A `GenerationBackend` over one engine Ray actor handle: a VLLMEngine, or a TransformersEngine
+    (cuda_agent.rollout.hf) where vLLM is not available. The session goes along, so an engine that keeps
+    per-episode state (the transformers KV cache) can use it."""
+
+    token_exact = True
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        token_ids, logprobs, finish = await self.actor.generate.remote(prompt_ids, sampling, session)
+        reason: FinishReason = finish if finish in ("stop", "length") else "abort"
+        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason)
+
+    async def release(self, session: str) -> None:
+        await self.actor.release.remote(session)
+
+    async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
+        await self.actor.update_weights.remote(bucket)

@@ -2,7 +2,7 @@
 
     Engine = ray.remote(num_gpus=1)(VLLMEngine)
     actors = [Engine.remote(VLLMEngineConfig(model="/models/policy")) for _ in range(4)]
-    backend = RoutedBackend([VLLMActorBackend(a) for a in actors])   # least-loaded, then sticky
+    backend = RoutedBackend([EngineActorBackend(a) for a in actors])  # router.py: least-loaded, then sticky
     await backend.update_weights(buckets)                            # the trainer's weight sync
 
 Written against vLLM's public API (`AsyncLLMEngine.from_engine_args`, `generate` with a
@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cuda_agent.rollout.base import FinishReason, Generation, SamplingParams
+from cuda_agent.rollout.base import SamplingParams
 
 
 class VLLMEngineConfig(BaseModel):
@@ -88,7 +88,7 @@ class VLLMEngine:
         self.engine = AsyncLLMEngine.from_engine_args(args)
 
     async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams
+        self, prompt_ids: list[int], sampling: SamplingParams, session: str | None = None
     ) -> tuple[list[int], list[float], str]:
         from vllm.inputs import TokensPrompt
 
@@ -113,24 +113,5 @@ class VLLMEngine:
         await self.engine.collective_rpc("load_weight_bucket", args=(bucket,))
         await self.engine.reset_prefix_cache()  # cached keys were computed with the old weights
 
-
-class VLLMActorBackend:
-    """A `GenerationBackend` over one VLLMEngine Ray actor handle."""
-
-    token_exact = True
-
-    def __init__(self, actor: Any) -> None:
-        self.actor = actor
-
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
-    ) -> Generation:
-        token_ids, logprobs, finish = await self.actor.generate.remote(prompt_ids, sampling)
-        reason: FinishReason = finish if finish in ("stop", "length") else "abort"
-        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason)
-
     async def release(self, session: str) -> None:
         return None  # vLLM's prefix cache evicts on its own
-
-    async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
-        await self.actor.update_weights.remote(bucket)
