@@ -8,13 +8,11 @@ manifest differs from what the child carries (its spec-hash annotation).
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -38,6 +36,7 @@ from cuda_agent.operator.pool_children import (
 )
 from cuda_agent.operator.views import PodView
 from cuda_agent.sandbox.api import SANDBOX_PORT
+from cuda_agent.sandbox.judge.files import package_judge_dir, shipped_digest, shipped_judge_files
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0
@@ -51,26 +50,14 @@ DEMAND_FIELDS = tuple(
 
 @functools.cache
 def judge_files() -> dict[str, str]:
-    """The judge package's files (relative path -> text), found next to this distribution's other roots
-    without importing the sandbox package (it needs torch, which the operator image does not have)."""
-    import cuda_agent
-
-    for root in cuda_agent.__path__:
-        judge_dir = Path(root) / "sandbox" / "judge"
-        if judge_dir.is_dir():
-            return {
-                str(path.relative_to(judge_dir)): path.read_text(encoding="utf-8")
-                for path in sorted(judge_dir.rglob("*"))
-                if path.is_file()
-                and "__pycache__" not in path.parts
-                and path.suffix in (".py", ".json", ".md")
-            }
-    return {}
+    """The judge package's shipped files, read once (the judge package itself is never imported: it
+    needs torch, which the operator image does not have)."""
+    return shipped_judge_files(package_judge_dir())
 
 
 @functools.cache
 def judge_files_hash() -> str:
-    return judge_hash(judge_files())
+    return shipped_digest(judge_files())
 
 
 @functools.lru_cache(maxsize=256)
@@ -78,13 +65,6 @@ def desired_judge_configmap(pool: PoolIdentity, spec_json: str) -> Manifest:
     """The judge ConfigMap of a pool, built once per spec: hashing ~200 KB of judge files on every
     pass was most of a pass's CPU. Callers must not modify the returned manifest."""
     return judge_configmap(pool, SandboxPoolSpec.model_validate_json(spec_json), judge_files())
-
-
-def judge_hash(files: Mapping[str, str]) -> str:
-    digest = hashlib.sha256()
-    for path, content in sorted(files.items()):
-        digest.update(path.encode() + b"\0" + content.encode() + b"\0")
-    return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.sandbox.judge import screen
+from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR
 
-FROZEN_DIR = Path(__file__).parent / "frozen"
-FROZEN_FILES = screen.FROZEN_FILES
+FROZEN_DIR = Path(__file__).parent / FROZEN_SUBDIR
 WORKSPACE_MODULE = "cuda_extension"
 BUILD_LOG_LIMIT = 8192
 HEADER_SUFFIXES = screen.HEADER_SUFFIXES

@@ -49,6 +49,7 @@ from cuda_agent.sandbox.judge import (
 )
 from cuda_agent.sandbox.judge import task as task_lib
 from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeResult, milestone_reward
+from cuda_agent.sandbox.judge.files import hash_judge_dir
 
 JUDGE_DIR = Path(__file__).resolve().parent
 
@@ -480,14 +481,6 @@ class WorkerSession:
 
 
 # --- the run ------------------------------------------------------------------------------------------------
-
-
-def hash_judge_files() -> dict[str, str]:
-    digests = {}
-    for path in sorted(JUDGE_DIR.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
-            digests[str(path.relative_to(JUDGE_DIR))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return digests
 
 
 def read_master_seed(seed_file: Path | None) -> bytes:
@@ -956,7 +949,7 @@ class JudgeRun:
 
     def judge_with_workers(self) -> JudgeResult:
         res = self.result
-        judge_hashes = hash_judge_files()
+        judge_hashes = hash_judge_dir(JUDGE_DIR)
         res.isolation["judge_dumpable"] = isolation.make_non_dumpable()
         master = read_master_seed(self.cfg.seed_file)
         res.seed_id = hashlib.sha256(master).hexdigest()[:12]
@@ -985,7 +978,7 @@ class JudgeRun:
             else:
                 self.workspace.cleanup()
         res.seconds.verify += res.steps_s.get("references", 0.0)
-        if hash_judge_files() != judge_hashes:
+        if hash_judge_dir(JUDGE_DIR) != judge_hashes:
             res.violations.append("judge-tampered: the judge's files changed during the run")
         res.violations = list(dict.fromkeys(res.violations))
         res.reward = milestone_reward(

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cuda_agent.sandbox.judge.files import FROZEN_FILES
+
 # Top-level modules a candidate may import; anything else is `static.import` unless a specific code applies.
 ALLOWED_IMPORTS = frozenset(
     {
@@ -452,10 +454,6 @@ FORBIDDEN_SYSTEM_HEADERS = re.compile(
     r"|spawn\.h|sys/syscall\.h|sys/prctl\.h|sys/mman\.h|linux/.*|seccomp\.h)$"
 )
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]*)[>"]', re.MULTILINE)
-
-
-# The judge's own files that a workspace includes; its copies sit at the workspace root (build.py).
-FROZEN_FILES = ("binding.cpp", "binding_registry.h")
 
 
 def _include_inside(root: Path, filename: str, path: str) -> bool:

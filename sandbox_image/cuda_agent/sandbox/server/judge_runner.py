@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -27,6 +26,13 @@ from pydantic import ValidationError
 
 from cuda_agent.sandbox.api import MAX_CANDIDATE_FILES
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
+from cuda_agent.sandbox.judge.files import (
+    FROZEN_FILES,
+    SKIP_DIRS,
+    changed_paths,
+    hash_judge_dir,
+    package_judge_dir,
+)
 from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
 from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_group, kill_uid_processes
 from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
@@ -41,33 +47,15 @@ MAX_SNAPSHOT_BYTES = 256 << 20
 MAX_SNAPSHOT_FILES = MAX_CANDIDATE_FILES  # one home: the contract caps evaluate's `files` alike
 _STDOUT_LIMIT = 8 << 20
 _STDERR_TAIL = 4000
-_SKIP_DIRS = {"__pycache__", ".git"}
+_SKIP_DIRS = {"__pycache__", ".git"}  # never part of a candidate's snapshot
 JUDGE_CACHE_ENV = "CUDA_AGENT_JUDGE_CACHE"  # the judge's content-addressed build cache (PCH, objects)
-
-
-def default_judge_dir() -> Path:
-    return Path(__file__).resolve().parents[1] / "judge"
-
-
-def hash_tree(root: Path) -> dict[str, str]:
-    """sha256 of every regular file under root, bytecode caches excepted (the judge never writes them)."""
-    digests: dict[str, str] = {}
-    if not root.is_dir():
-        return digests
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in sorted(filenames):
-            path = Path(dirpath, name)
-            if path.is_file() and not path.is_symlink():
-                digests[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return digests
 
 
 def writable_judge_files(root: Path, mode: str) -> list[str]:
     """Judge paths an agent or judge uid could change (group/other-writable, or owned by non-root)."""
     exposed = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
         for name in [".", *filenames]:
             st = os.lstat(Path(dirpath, name))
             if st.st_mode & 0o022 or (mode == "root" and st.st_uid != 0):
@@ -90,8 +78,8 @@ class JudgeService:
         self.config = config
         self.isolation = isolation
         self.metrics = metrics
-        self.judge_dir = config.judge_dir or default_judge_dir()
-        self.baseline = hash_tree(self.judge_dir)
+        self.judge_dir = config.judge_dir or package_judge_dir()
+        self.baseline = hash_judge_dir(self.judge_dir)
         self.intact = True
         self.jobs_dir = config.state_dir / "jobs"
         self.gpu_dir = config.state_dir / "gpu"
@@ -129,9 +117,7 @@ class JudgeService:
             )
 
     def changed_judge_files(self) -> list[str]:
-        current = hash_tree(self.judge_dir)
-        keys = set(current) | set(self.baseline)
-        return sorted(k for k in keys if current.get(k) != self.baseline.get(k))
+        return changed_paths(self.baseline, hash_judge_dir(self.judge_dir))
 
     async def run(
         self,
@@ -455,10 +441,9 @@ def stage_flags(stage: JudgeStage, options: JudgeOptions) -> list[str]:
 def _is_kernel_source(rel: str) -> bool:
     """The agent's own sources under kernels/ (the frozen binding files do not make a layout)."""
     name = os.path.basename(rel)
-    frozen = name in ("binding.cpp", "binding_registry.h")
     return (
         rel.startswith("kernels/")
-        and not frozen
+        and name not in FROZEN_FILES
         and name.endswith((".cu", ".cpp", ".cc", ".cuh", ".h", ".hpp"))
     )
 

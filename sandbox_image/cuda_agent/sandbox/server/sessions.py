@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 from cuda_agent.sandbox.server.isolation import (
     Isolation,
@@ -61,7 +62,6 @@ MAX_CHANNEL_CLIENTS = 8  # judge channel connections of one session at once
 
 SKILL_TEMPLATE = Path(__file__).resolve().parents[1] / "skill" / "SKILL.md"
 ENTRYPOINT = Path(__file__).with_name("entrypoint.py")
-FROZEN_FILES = ("binding.cpp", "binding_registry.h")
 MNT_DETACH = 2
 MS_NOSUID, MS_NODEV, MS_BIND = 0x2, 0x4, 0x1000
 SCRATCH_DIRS = ("workspace", "tmp", "shm")  # what the quota covers
@@ -515,7 +515,7 @@ class SessionManager:
         )
         fs.write_bytes("model.py", session.task_source.encode())
         fs.write_bytes("SKILL.md", skill.encode())
-        frozen = self.config.frozen_dir or (self.judge.judge_dir / "frozen")
+        frozen = self.config.frozen_dir or (self.judge.judge_dir / FROZEN_SUBDIR)
         for name in FROZEN_FILES:
             if (frozen / name).is_file():
                 fs.write_bytes(f"kernels/{name}", (frozen / name).read_bytes())

@@ -1,0 +1,65 @@
+"""The judge's file contract (cuda_agent.sandbox.judge.files): one set of judge files and one hash, shared by
+the operator (ConfigMap, pod annotation), the server (checked before every run) and the judge itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cuda_agent.sandbox.judge import build, files, orchestrator
+from cuda_agent.sandbox.server import judge_runner
+
+
+def test_the_operator_imports_the_contract_without_torch() -> None:
+    code = (
+        "import sys, cuda_agent.operator.pool_reconciler, cuda_agent.operator.handlers; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_every_side_names_the_same_judge_directory_and_frozen_files() -> None:
+    from cuda_agent.operator import pool_reconciler
+
+    assert files.package_judge_dir() == orchestrator.JUDGE_DIR == Path(build.__file__).parent
+    assert build.FROZEN_DIR == files.package_judge_dir() / files.FROZEN_SUBDIR
+    assert all((build.FROZEN_DIR / name).is_file() for name in files.FROZEN_FILES)
+    shipped = pool_reconciler.judge_files()
+    assert "files.py" in shipped and "orchestrator.py" in shipped  # the contract ships with the judge
+    assert set(shipped) <= set(files.hash_judge_dir(files.package_judge_dir()))
+    assert pool_reconciler.judge_files_hash() == files.shipped_digest(shipped)
+
+
+def test_a_changed_added_removed_or_relinked_file_changes_the_hash(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "target.py").write_text("z = 3\n")
+    os.symlink("target.py", tmp_path / "link.py")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "a.pyc").write_bytes(b"\0")
+    baseline = files.hash_judge_dir(tmp_path)
+    assert set(baseline) == {"a.py", "sub/b.py", "target.py", "link.py"}
+    (tmp_path / "__pycache__" / "a.pyc").write_bytes(b"\1")  # bytecode caches are not the judge
+    assert files.changed_paths(baseline, files.hash_judge_dir(tmp_path)) == []
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    (tmp_path / "new.py").write_text("")
+    (tmp_path / "a.py").unlink()
+    (tmp_path / "target.py").write_text("z = 4\n")  # the link's content changes with it
+    changed = files.changed_paths(baseline, files.hash_judge_dir(tmp_path))
+    assert changed == ["a.py", "link.py", "new.py", "sub/b.py", "target.py"]
+    relinked = files.hash_judge_dir(tmp_path)
+    (tmp_path / "other.py").write_text("z = 4\n")
+    (tmp_path / "link.py").unlink()
+    os.symlink("other.py", tmp_path / "link.py")
+    assert "link.py" in files.changed_paths(relinked, files.hash_judge_dir(tmp_path))
+
+
+def test_the_server_hashes_the_judge_with_the_contract(tmp_path: Path) -> None:
+    assert files.hash_judge_dir(tmp_path / "missing") == {}
+    (tmp_path / "judge.py").write_text("print(1)\n")
+    assert judge_runner.hash_judge_dir is files.hash_judge_dir
+    assert files.shipped_judge_files(tmp_path) == {"judge.py": "print(1)\n"}
