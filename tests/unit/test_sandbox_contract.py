@@ -34,6 +34,9 @@ def test_the_contract_needs_only_pydantic() -> None:
         "cuda_agent",
         "cuda_agent.sandbox",
         "cuda_agent.sandbox.api",
+        # the judge's verdict model (pydantic only), which the contract's JudgeResult reads loosely
+        "cuda_agent.sandbox.judge",
+        "cuda_agent.sandbox.judge.config",
     }
     assert not {"torch", "aiohttp", "kopf", "ray", "re2"} & set(loaded)
 

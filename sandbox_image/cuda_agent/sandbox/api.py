@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from cuda_agent.sandbox.judge.config import Reward
+
 # The server's port: a pool's Service, NetworkPolicy and readiness probes, the trainer's sandbox URL and the
 # operator's load probes all use it (the operator imports it from here).
 SANDBOX_PORT = 8470
@@ -65,11 +67,15 @@ class JudgeOptions(_Strict):
 
 
 class JudgeResult(BaseModel):
-    """The judge CLI's JSON (see the judge contract); unknown extra keys are kept."""
+    """The judge CLI's JSON as the server reads it: the judge's own verdict model
+    (`cuda_agent.sandbox.judge.config.JudgeResult`, the strict writer) loosened so that a judge command of
+    another version or a stand-in still reads. Every field here is one of the writer's, with the writer's
+    reward scale; nested objects read as maps; unknown keys are kept in `model_extra`. A test checks that
+    every field is the writer's and that whatever the writer prints reads back unchanged."""
 
     model_config = ConfigDict(extra="allow")
 
-    reward: Literal[-1, 1, 2, 3]
+    reward: Reward
     compiled: bool
     correct: bool
     violations: list[str] = []
