@@ -25,7 +25,7 @@ def test_every_side_names_the_same_judge_directory_and_frozen_files() -> None:
     from cuda_agent.operator import pool_reconciler
 
     assert files.package_judge_dir() == orchestrator.JUDGE_DIR == Path(build.__file__).parent
-    assert build.FROZEN_DIR == files.package_judge_dir() / files.FROZEN_SUBDIR
+    assert files.package_judge_dir() / files.FROZEN_SUBDIR == build.FROZEN_DIR
     assert all((build.FROZEN_DIR / name).is_file() for name in files.FROZEN_FILES)
     shipped = pool_reconciler.judge_files()
     assert "files.py" in shipped and "orchestrator.py" in shipped  # the contract ships with the judge
