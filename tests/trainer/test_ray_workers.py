@@ -1,11 +1,12 @@
 """The roles as Ray actor groups: two data-parallel ranks (DeepSpeed ZeRO-2 over gloo, CPU processes in
-placement-group bundles) take the same PPO step as one in-process actor, and the weight sync carries the
-result back in buckets."""
+placement-group bundles) take the same PPO step as one in-process actor, the weight sync carries the
+result back in buckets, and each rank's checkpoint shard goes to storage and comes back."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ class Collect:
 
 
 def test_data_parallel_ray_groups_equal_one_local_actor(
-    ray_cluster: Any, run_document: Callable[..., dict[str, Any]]
+    ray_cluster: Any, run_document: Callable[..., dict[str, Any]], tmp_path: Path
 ) -> None:
     from cuda_agent.trainer.ray.workers import RayWorkers
 
@@ -64,3 +65,14 @@ def test_data_parallel_ray_groups_equal_one_local_actor(
         torch.testing.assert_close(tensor, want[name].detach(), rtol=1e-4, atol=1e-6, msg=name)
     for key in ("value_loss", "explained_variance", "reward", "actor_grad_norm"):
         assert abs(ray_metrics[key] - local_metrics[key]) < 1e-4, key
+
+    # Each rank saves its ZeRO shard and uploads it to the checkpoint; loading restores the same weights.
+    uri = str(tmp_path / "ckpt-000000")
+    workers.save(tmp_path / "unused", uri)
+    shards = sorted(p.name for p in (tmp_path / "ckpt-000000" / "actor" / "state").glob("*optim_states.pt"))
+    assert len(shards) == 2, shards  # one optimizer shard per rank
+    workers.load(tmp_path / "unused", uri)
+    reloaded = Collect()
+    workers.sync_weights(reloaded)
+    for name, tensor in reloaded.tensors.items():
+        assert torch.equal(tensor, received.tensors[name]), name

@@ -71,13 +71,14 @@ class CheckpointStore:
     def uri(self, name: str) -> str:
         return join_uri(self.prefix, name)
 
-    def save(self, state: TrainerState, save_roles: Callable[[Path], None]) -> str:
-        """Write checkpoint number state.checkpoints (roles write their dirs through save_roles)."""
+    def save(self, state: TrainerState, save_roles: Callable[[Path, str], None]) -> str:
+        """Write checkpoint number state.checkpoints. save_roles(root, uri) writes the roles' directories
+        under the local `root` (uploaded with the rest) or, from other machines, straight to `uri`."""
         name = f"ckpt-{state.checkpoints:06d}"
         state = state.model_copy(update={"checkpoints": state.checkpoints + 1})
         with tempfile.TemporaryDirectory(prefix="cuda-agent-ckpt-") as tmp:
             root = Path(tmp)
-            save_roles(root)
+            save_roles(root, self.uri(name))
             torch.save(rng_state(), root / "rng.pt")
             (root / "state.json").write_text(state.model_dump_json(indent=1))
             self.store.upload_dir(root, self.uri(name))
@@ -109,7 +110,7 @@ def peek_state(uri: str) -> TrainerState:
     return TrainerState.model_validate_json(open_store(uri).get_bytes(join_uri(uri, "state.json")))
 
 
-def load_checkpoint(uri: str, load_roles: Callable[[Path], None]) -> TrainerState:
+def load_checkpoint(uri: str, load_roles: Callable[[Path, str], None]) -> TrainerState:
     """Restore roles and RNG from the checkpoint at `uri`; returns the trainer state stored with it."""
     store = open_store(uri)
     tmp = Path(tempfile.mkdtemp(prefix="cuda-agent-resume-"))
@@ -117,7 +118,7 @@ def load_checkpoint(uri: str, load_roles: Callable[[Path], None]) -> TrainerStat
         if store.download_dir(uri.rstrip("/") + "/", tmp) == 0:
             raise FileNotFoundError(f"{uri}: empty or missing checkpoint")
         state = TrainerState.model_validate_json((tmp / "state.json").read_text())
-        load_roles(tmp)
+        load_roles(tmp, uri)
         restore_rng(torch.load(tmp / "rng.pt", weights_only=False))
         return state
     finally:

@@ -23,11 +23,11 @@ class LocalWorkers:
         reference = Reference(spec) if spec.algorithm.kl_coef > 0 else None
         return cls(PolicyActor(spec), ValueCritic(spec), reference, spec.trainer.weight_sync_bucket_mb << 20)
 
-    def save(self, root: Path) -> None:
+    def save(self, root: Path, uri: str) -> None:
         self.actor.save(root / "actor")
         self.critic.save(root / "critic")
 
-    def load(self, root: Path) -> None:
+    def load(self, root: Path, uri: str) -> None:
         self.actor.load(root / "actor")
         self.critic.load(root / "critic")
 

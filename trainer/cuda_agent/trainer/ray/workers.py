@@ -11,6 +11,7 @@ every rank the mini-batch's total token count and the micro-batch count all rank
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.storage import join_uri, open_store
 from cuda_agent.trainer.experience import Episode, pack_micro_batches
 from cuda_agent.trainer.roles import ShardPlan
 from cuda_agent.trainer.weight_sync import WeightReceiver, sync_weights
@@ -52,6 +54,17 @@ class RoleWorker:
 
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.role, method)(*args)
+
+    def save_to(self, uri: str) -> None:
+        """Save this rank's state and upload it (ranks of a ZeRO group write disjoint file names)."""
+        with tempfile.TemporaryDirectory(prefix="cuda-agent-rank-") as tmp:
+            self.role.save(Path(tmp))
+            open_store(uri).upload_dir(tmp, uri)
+
+    def load_from(self, uri: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="cuda-agent-rank-") as tmp:
+            open_store(uri).download_dir(uri, tmp)
+            self.role.load(Path(tmp))
 
     def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, Any]]]:
         return list(self.role.weight_buckets(bucket_bytes))
@@ -143,12 +156,12 @@ class RoleGroup:
     def train_values(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
         return self._train("train_values", episodes, mini_batches)
 
-    def save(self, directory: Path) -> None:
-        # Every rank writes its ZeRO shards into the same directory (shared storage on a cluster).
-        ray.get([w.call.remote("save", directory) for w in self.workers])
+    def save(self, uri: str) -> None:
+        # Ranks may sit on other machines: each saves locally and uploads to the checkpoint's storage.
+        ray.get([w.save_to.remote(uri) for w in self.workers])
 
-    def load(self, directory: Path) -> None:
-        ray.get([w.call.remote("load", directory) for w in self.workers])
+    def load(self, uri: str) -> None:
+        ray.get([w.load_from.remote(uri) for w in self.workers])
 
 
 def _merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
@@ -214,13 +227,13 @@ class RayWorkers:
             return self.rollout_bundles, 1.0
         return self.trainer_bundles, ROLLOUT_GPU_SHARE
 
-    def save(self, root: Path) -> None:
-        self.actor.save(root / "actor")
-        self.critic.save(root / "critic")
+    def save(self, root: Path, uri: str) -> None:
+        self.actor.save(join_uri(uri, "actor") + "/")
+        self.critic.save(join_uri(uri, "critic") + "/")
 
-    def load(self, root: Path) -> None:
-        self.actor.load(root / "actor")
-        self.critic.load(root / "critic")
+    def load(self, root: Path, uri: str) -> None:
+        self.actor.load(join_uri(uri, "actor") + "/")
+        self.critic.load(join_uri(uri, "critic") + "/")
 
     def sync_weights(self, receiver: WeightReceiver) -> dict[str, float]:
         # Rank 0 gathers the full weights (ZeRO-3 gathers are collective: every rank joins).
