@@ -80,12 +80,15 @@ def ray_cluster() -> Any:
     """One local Ray cluster for every trainer test that needs it (127.0.0.1 only, no dashboard)."""
     import ray
 
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"}},
-    )
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"}},
+        )
     yield ray
-    ray.shutdown()
+    if started:  # leave a cluster another fixture started alone
+        ray.shutdown()

@@ -90,3 +90,20 @@ def test_micro_batches_respect_the_token_budget() -> None:
         padded = len(group) * max(lengths[i] for i in group)
         assert padded <= 60 or len(group) == 1
     assert [4] in groups  # longer than the budget: alone
+
+
+def test_weight_sync_sends_buckets_and_awaits_coroutine_hooks() -> None:
+    from cuda_agent.trainer.weight_sync import sync_weights
+
+    class AsyncEngine:  # the rollout package's engines and router have an async update_weights
+        def __init__(self) -> None:
+            self.got: list[list[str]] = []
+
+        async def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+            self.got.append([name for name, _ in bucket])
+
+    buckets = [[("a", torch.zeros(4)), ("b", torch.zeros(4))], [("c", torch.zeros(8))]]
+    engine = AsyncEngine()
+    result = sync_weights(buckets, engine)
+    assert engine.got == [["a", "b"], ["c"]]
+    assert result["weight_sync_buckets"] == 2 and result["weight_sync_gb"] == pytest.approx(64 / 1e9)

@@ -9,7 +9,7 @@ two methods, and a cluster deployment swaps in vLLM engines behind the same inte
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,7 +36,7 @@ class RolloutRequest:
 class Rollout(Protocol):
     async def generate(self, request: RolloutRequest) -> list[Trajectory]: ...
 
-    def update_weights(self, bucket: NamedTensors) -> None: ...
+    def update_weights(self, bucket: NamedTensors) -> Awaitable[None] | None: ...
 
 
 class AgentRollout:

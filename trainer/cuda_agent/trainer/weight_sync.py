@@ -7,8 +7,10 @@ in-process transformers backend copies it into its model), never tensor by tenso
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Protocol
 
 import torch
@@ -18,14 +20,18 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 
 
 class WeightReceiver(Protocol):
-    def update_weights(self, bucket: NamedTensors) -> None: ...
+    """A rollout backend's weight hook; the rollout package's engines and router make it a coroutine."""
+
+    def update_weights(self, bucket: NamedTensors) -> Awaitable[None] | None: ...
 
 
 def sync_weights(buckets: Iterable[NamedTensors], receiver: WeightReceiver) -> dict[str, float]:
     started = time.perf_counter()
     count, size = 0, 0
     for bucket in buckets:
-        receiver.update_weights(bucket)
+        pending = receiver.update_weights(bucket)
+        if inspect.isawaitable(pending):
+            asyncio.run(_wait(pending))
         count += 1
         size += sum(t.numel() * t.element_size() for _, t in bucket)
     return {
@@ -33,6 +39,10 @@ def sync_weights(buckets: Iterable[NamedTensors], receiver: WeightReceiver) -> d
         "weight_sync_buckets": float(count),
         "weight_sync_gb": size / 1e9,
     }
+
+
+async def _wait(pending: Awaitable[None]) -> None:
+    await pending
 
 
 def load_bucket(model: nn.Module, bucket: NamedTensors) -> None:
