@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from fixture_catalog import JudgeRun, RunJudge, parse_single_json
+from fixture_catalog import JudgeCliRun, RunJudge, parse_single_json
 
 # A cold C++ build on two shared cores takes minutes; the judge has its own per-phase limits inside this.
 JUDGE_PROCESS_TIMEOUT_S = 1500
@@ -40,7 +40,7 @@ def judge_command() -> list[str]:
 def run_judge(judge_command: list[str], tmp_path: Path) -> RunJudge:
     """Judge TASK against CANDIDATE; asserts exit code 0 and exactly one JSON object on stdout."""
 
-    def run(task: Path, candidate: Path, device: str = "cpu", *extra: str) -> JudgeRun:
+    def run(task: Path, candidate: Path, device: str = "cpu", *extra: str) -> JudgeCliRun:
         # No torch.compile baseline on two CPU cores (5-60 s per evaluation): reward is then at most 2,
         # which every check here tolerates; tests/gpu/judge_gpu.py judges with the full baseline.
         command = [
@@ -75,6 +75,6 @@ def run_judge(judge_command: list[str], tmp_path: Path) -> RunJudge:
             report = parse_single_json(proc.stdout)
         except ValueError as exc:
             pytest.fail(f"{where}: {exc}\nstderr: {_tail(proc.stderr)}")
-        return JudgeRun(report=report, stdout=proc.stdout, stderr=proc.stderr, seconds=seconds)
+        return JudgeCliRun(report=report, stdout=proc.stdout, stderr=proc.stderr, seconds=seconds)
 
     return run

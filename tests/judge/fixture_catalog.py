@@ -139,7 +139,7 @@ class Solution:
 
 
 @dataclass(frozen=True)
-class JudgeRun:
+class JudgeCliRun:
     """One judge process: its parsed report plus the raw streams for failure messages."""
 
     report: dict[str, Any]
@@ -148,8 +148,8 @@ class JudgeRun:
     seconds: float
 
 
-# run_judge(task, candidate, device="cpu", *extra_cli_args) -> JudgeRun  (the tests' fixture)
-RunJudge = Callable[..., JudgeRun]
+# run_judge(task, candidate, device="cpu", *extra_cli_args) -> JudgeCliRun  (the tests' fixture)
+RunJudge = Callable[..., JudgeCliRun]
 
 
 def _field(meta: dict[str, Any], key: str, kind: type, where: Path) -> Any:

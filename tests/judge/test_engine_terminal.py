@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 
 from cuda_agent.sandbox.judge import cli
-from cuda_agent.sandbox.judge.config import JudgeResult, Speedups, TimingTriple
+from cuda_agent.sandbox.judge.config import JudgeVerdict, Speedups, TimingTriple
 
 
 def events() -> list[dict[str, object]]:
@@ -56,7 +56,7 @@ def test_progress_on_a_terminal_redraws_the_bar_in_place() -> None:
 
 
 def test_a_refusal_says_so_instead_of_correct_false() -> None:
-    refused = JudgeResult(
+    refused = JudgeVerdict(
         compiled=True,
         violations=["torch-compute: aten::sigmoid"],
         timings_ms=TimingTriple(candidate=0.1, eager=0.2),
@@ -67,9 +67,9 @@ def test_a_refusal_says_so_instead_of_correct_false() -> None:
         "reward -1: refused (torch-compute): PyTorch computes part of the result"
     )
     assert "correct not scored (refused)" in text and "correct False" not in text
-    passed = JudgeResult(reward=2, compiled=True, correct=True, speedup=Speedups(eager=1.5, compile=0.9))
+    passed = JudgeVerdict(reward=2, compiled=True, correct=True, speedup=Speedups(eager=1.5, compile=0.9))
     assert cli._summary(passed).splitlines()[0] == "reward 2: faster than eager"
-    unbuilt = JudgeResult(error="model_new.py defines no ModelNew class (found before the build)")
+    unbuilt = JudgeVerdict(error="model_new.py defines no ModelNew class (found before the build)")
     assert cli._summary(unbuilt).splitlines()[0] == (
         "reward -1: not built: model_new.py defines no ModelNew class (found before the build)"
     )

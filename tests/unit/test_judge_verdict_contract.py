@@ -1,4 +1,4 @@
-"""One judge verdict: the judge writes `judge.config.JudgeResult` (strict) and the server, the client and the
+"""One judge verdict: the judge writes `judge.config.JudgeVerdict` (strict) and the server, the client and the
 agent loop read it as `sandbox.api.JudgeResult` (loose). The reader must stay a loosened view of the writer:
 its fields are the writer's, and everything the writer prints reads back unchanged."""
 
@@ -11,9 +11,9 @@ from cuda_agent.sandbox import api
 from cuda_agent.sandbox.judge import config
 
 
-def a_full_verdict() -> config.JudgeResult:
+def a_full_verdict() -> config.JudgeVerdict:
     """A verdict with every field away from its default, nested ones included."""
-    return config.JudgeResult(
+    return config.JudgeVerdict(
         reward=3,
         compiled=True,
         correct=True,
@@ -45,7 +45,7 @@ def a_full_verdict() -> config.JudgeResult:
 
 
 def test_every_reader_field_is_a_writer_field() -> None:
-    assert set(api.JudgeResult.model_fields) <= set(config.JudgeResult.model_fields)
+    assert set(api.JudgeResult.model_fields) <= set(config.JudgeVerdict.model_fields)
     required = {name for name, field in api.JudgeResult.model_fields.items() if field.is_required()}
     assert required == {"reward", "compiled", "correct"}
     assert api.JudgeResult.model_fields["reward"].annotation == config.Reward
@@ -53,11 +53,11 @@ def test_every_reader_field_is_a_writer_field() -> None:
 
 
 def test_what_the_writer_prints_reads_back_unchanged() -> None:
-    for verdict in (config.JudgeResult(), a_full_verdict()):
+    for verdict in (config.JudgeVerdict(), a_full_verdict()):
         printed = json.loads(verdict.model_dump_json())
         read = api.JudgeResult.model_validate(printed)
         assert read.model_dump(mode="json") == printed
         assert set(read.model_extra or {}) == set(printed) - set(api.JudgeResult.model_fields)
         # and what the reader passes on (the HTTP body of a judge run) is the writer's model again
-        again = config.JudgeResult.model_validate(read.model_dump(mode="json"))
+        again = config.JudgeVerdict.model_validate(read.model_dump(mode="json"))
         assert again == verdict

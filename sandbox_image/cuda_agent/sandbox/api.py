@@ -68,7 +68,7 @@ class JudgeOptions(_Strict):
 
 class JudgeResult(BaseModel):
     """The judge CLI's JSON as the server reads it: the judge's own verdict model
-    (`cuda_agent.sandbox.judge.config.JudgeResult`, the strict writer) loosened so that a judge command of
+    (`cuda_agent.sandbox.judge.config.JudgeVerdict`, the strict writer) loosened so that a judge command of
     another version or a stand-in still reads. Every field here is one of the writer's, with the writer's
     reward scale; nested objects read as maps; unknown keys are kept in `model_extra`. A test checks that
     every field is the writer's and that whatever the writer prints reads back unchanged."""

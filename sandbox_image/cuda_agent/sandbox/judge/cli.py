@@ -134,9 +134,9 @@ class Progress:
 
 
 def _summary(result: object) -> str:
-    from cuda_agent.sandbox.judge.config import JudgeResult
+    from cuda_agent.sandbox.judge.config import JudgeVerdict
 
-    assert isinstance(result, JudgeResult)
+    assert isinstance(result, JudgeVerdict)
     t, s = result.timings_ms, result.speedup
 
     def fmt(value: float | None, digits: int = 4) -> str:
@@ -168,9 +168,9 @@ def _summary(result: object) -> str:
 def _verdict(result: object) -> str:
     """The first line: the reward and, for -1, the reason in plain words (a refusal is not a wrong
     answer: outputs that happened to match do not make it correct)."""
-    from cuda_agent.sandbox.judge.config import JudgeResult
+    from cuda_agent.sandbox.judge.config import JudgeVerdict
 
-    assert isinstance(result, JudgeResult)
+    assert isinstance(result, JudgeVerdict)
     if result.reward > 0:
         tiers = {3: "faster than eager and torch.compile", 2: "faster than eager", 1: "correct, not faster"}
         return f"reward {result.reward}: {tiers[result.reward]}"
@@ -206,11 +206,11 @@ def main(argv: Sequence[str]) -> int:
     # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
     # forked afterwards, and the orchestrator forks its workers.
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    from cuda_agent.sandbox.judge import isolation, orchestrator
+    from cuda_agent.sandbox.judge import confinement, orchestrator
     from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings, Timeouts, Tolerances
 
     # No CUDA call here: the orchestrator checks availability after forking its workers.
-    device: Literal["cpu", "cuda"] = args.device or ("cuda" if isolation.cuda_host() else "cpu")
+    device: Literal["cpu", "cuda"] = args.device or ("cuda" if confinement.cuda_host() else "cpu")
     for label, path in (("TASK", args.task), ("CANDIDATE", args.candidate)):
         if not path.exists():
             print(f"cuda-agent judge: {label} {path} does not exist", file=sys.stderr)

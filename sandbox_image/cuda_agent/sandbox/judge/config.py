@@ -198,7 +198,7 @@ class Roofline(BaseModel):
     enforced: bool = False
 
 
-class JudgeResult(BaseModel):
+class JudgeVerdict(BaseModel):
     """The judge's verdict; `--json` prints exactly this object (keys per docs/judge.md)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -37,9 +37,9 @@ from cuda_agent.sandbox.judge import (
     build,
     channel,
     compare,
+    confinement,
     cuda_driver,
     inline,
-    isolation,
     plausibility,
     policy,
     screen,
@@ -48,7 +48,7 @@ from cuda_agent.sandbox.judge import (
     worker,
 )
 from cuda_agent.sandbox.judge import task as task_lib
-from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeResult, milestone_reward
+from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeVerdict, milestone_reward
 from cuda_agent.sandbox.judge.files import hash_judge_dir
 
 JUDGE_DIR = Path(__file__).resolve().parent
@@ -383,11 +383,11 @@ class WorkerSession:
         self.phase_start = time.monotonic()
         self.deadline = time.monotonic()
 
-    def start(self, workspace: isolation.Workspace, config: dict[str, Any]) -> None:
+    def start(self, workspace: confinement.Workspace, config: dict[str, Any]) -> None:
         key = channel.new_key()
         self.endpoint = channel.Endpoint(key, self.read_fd, self.write_fd, is_worker=False)
         config = config | {
-            "env": isolation.worker_env(workspace, config["device"]),
+            "env": confinement.worker_env(workspace, config["device"]),
             "log": str(workspace.log),
         }
         try:
@@ -406,7 +406,7 @@ class WorkerSession:
         with contextlib.suppress(BrokenPipeError):
             self.endpoint.send(message)
 
-    def receive(self, expected: str, result: JudgeResult) -> tuple[dict[str, Any], list[bytearray]]:
+    def receive(self, expected: str, result: JudgeVerdict) -> tuple[dict[str, Any], list[bytearray]]:
         """The next frame of type `expected`; anything else ends the run with the matching verdict."""
         try:
             header, blobs = self.endpoint.receive(deadline=self.deadline)
@@ -500,10 +500,10 @@ def read_master_seed(seed_file: Path | None) -> bytes:
     return seed
 
 
-class JudgeRun:
+class Orchestrator:
     def __init__(self, cfg: JudgeConfig) -> None:
         self.cfg = cfg
-        self.result = JudgeResult(precision=cfg.precision, device=cfg.device, trials=cfg.trials)
+        self.result = JudgeVerdict(precision=cfg.precision, device=cfg.device, trials=cfg.trials)
         self.start = time.monotonic()
         self.deadline = self.start + cfg.timeouts.total
         self.cache = build.BuildCache(cfg.cache_dir)
@@ -550,7 +550,7 @@ class JudgeRun:
         self.task_source = source
         return task
 
-    def screen(self, workspace: isolation.Workspace) -> list[str]:
+    def screen(self, workspace: confinement.Workspace) -> list[str]:
         """Static screen, then the pre-build checks (screen.precheck_candidate): a candidate that cannot
         work is refused before any compiler runs. The candidate's copies of the frozen files are
         replaced by the judge's own (at the workspace root, where the CUDA Agent release has them)."""
@@ -570,7 +570,7 @@ class JudgeRun:
         return found
 
     def build_candidate(
-        self, workspace: isolation.Workspace, toolchain: build.Toolchain
+        self, workspace: confinement.Workspace, toolchain: build.Toolchain
     ) -> tuple[list[build.BuiltExtension], list[build.BuiltExtension]]:
         """(workspace extensions, load_inline artifacts); records compiled/log/violations in the result."""
         self.emit("build")
@@ -624,7 +624,7 @@ class JudgeRun:
         self.result.compiled = True
         return workspace_exts, inline_exts
 
-    def collect(self, workspace: isolation.Workspace, deadline: float) -> tuple[list[dict[str, Any]], str]:
+    def collect(self, workspace: confinement.Workspace, deadline: float) -> tuple[list[dict[str, Any]], str]:
         """Run the candidate's import once with a recording load_inline (a separate, confined process)."""
         session = self.spares.pop("collect")
         try:
@@ -930,7 +930,7 @@ class JudgeRun:
             res.notes += outcome.notes
             res.violations += outcome.violations
 
-    def execute(self) -> JudgeResult:
+    def execute(self) -> JudgeVerdict:
         if self.cfg.device == "cuda" and torch.cuda._is_in_bad_fork():
             raise RuntimeError("this judge was forked from a process that used CUDA: it cannot use CUDA")
         # Forked first: no worker ever has the master seed, a key or a CUDA context in its memory.
@@ -947,10 +947,10 @@ class JudgeRun:
             for spare in self.spares.values():
                 spare.close()
 
-    def judge_with_workers(self) -> JudgeResult:
+    def judge_with_workers(self) -> JudgeVerdict:
         res = self.result
         judge_hashes = hash_judge_dir(JUDGE_DIR)
-        res.isolation["judge_dumpable"] = isolation.make_non_dumpable()
+        res.isolation["judge_dumpable"] = confinement.make_non_dumpable()
         master = read_master_seed(self.cfg.seed_file)
         res.seed_id = hashlib.sha256(master).hexdigest()[:12]
         with self.step("task"):
@@ -958,7 +958,7 @@ class JudgeRun:
         if not self.cfg.candidate.exists():
             raise UsageError(f"CANDIDATE {self.cfg.candidate} does not exist")
         try:
-            self.workspace = isolation.make_workspace(self.cfg.candidate)
+            self.workspace = confinement.make_workspace(self.cfg.candidate)
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read CANDIDATE {self.cfg.candidate}: {exc}") from None
         try:
@@ -967,7 +967,7 @@ class JudgeRun:
             self.emit("screen")
             with self.step("screen"):
                 res.violations += self.screen(self.workspace)
-                isolation.seal(self.workspace.candidate)
+                confinement.seal(self.workspace.candidate)
             if not res.violations and res.error is None:
                 self.judge_candidate(task, master)
         except RunStopped:
@@ -1098,11 +1098,11 @@ def _validated_spec(spec: Any) -> dict[str, Any]:
     return spec
 
 
-def judge(cfg: JudgeConfig, progress: Callable[[dict[str, Any]], None] | None = None) -> JudgeResult:
+def judge(cfg: JudgeConfig, progress: Callable[[dict[str, Any]], None] | None = None) -> JudgeVerdict:
     """Judge one candidate; raises UsageError / TaskFailure for problems that are not the candidate's.
     `progress` receives phase events ({"phase", "done", "total", "elapsed_s"}) as the run goes.
     With CUDA_AGENT_JUDGE_DEBUG set, where this process spent the run is appended to the notes."""
-    run = JudgeRun(cfg)
+    run = Orchestrator(cfg)
     run.progress = progress
     if not os.environ.get("CUDA_AGENT_JUDGE_DEBUG"):
         return run.execute()

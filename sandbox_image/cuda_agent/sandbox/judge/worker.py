@@ -36,9 +36,9 @@ import torch._dynamo
 
 from cuda_agent.sandbox.judge import (
     channel,
+    confinement,
     cuda_driver,
     inline,
-    isolation,
     recorder,
     tamper,
     tensors,
@@ -117,14 +117,14 @@ class Worker:
 
     # -- start-up -------------------------------------------------------------------------------------------
     def isolate(self) -> dict[str, str]:
-        isolation.no_core_dumps()
-        report = {"worker_dumpable": isolation.make_non_dumpable()}
+        confinement.no_core_dumps()
+        report = {"worker_dumpable": confinement.make_non_dumpable()}
         if self.device == "cuda":
             torch.empty(1, device="cuda")  # open the device nodes before the filesystem is confined
         writable = [self.home]
         if self.shared_cache:
             writable.append(Path(self.config["baseline_cache"]))
-        report["landlock"] = isolation.confine_writes(writable, [Path("/dev")])
+        report["landlock"] = confinement.confine_writes(writable, [Path("/dev")])
         # The shared cache is used only where a second Landlock layer can seal it before candidate code.
         self.shared_cache = self.shared_cache and report["landlock"].startswith("on")
         os.chdir(self.candidate_dir)
@@ -202,7 +202,7 @@ class Worker:
                 os.environ[key] = str(value)
             _point_header_cache(private["TORCHINDUCTOR_CACHE_DIR"])
         if self.shared_cache:
-            sealed = isolation.confine_writes([self.home], [Path("/dev")])
+            sealed = confinement.confine_writes([self.home], [Path("/dev")])
             if not sealed.startswith("on"):
                 raise RuntimeError(f"could not seal the shared baseline cache: {sealed}")
 
@@ -775,13 +775,13 @@ def _detach(keep: tuple[int, ...]) -> None:
     _drop_inherited_profiler()
     parent = os.getppid()
     os.setsid()
-    isolation._libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    confinement._libc().prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
     if os.getppid() != parent:  # the orchestrator died before the line above
         os._exit(1)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    isolation.close_inherited_fds(keep)
+    confinement.close_inherited_fds(keep)
     # The orchestrator's working directory (a `python -m` start puts it on sys.path) is not ours.
     cwd = os.getcwd()
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd]
@@ -790,7 +790,7 @@ def _detach(keep: tuple[int, ...]) -> None:
 def _adopt(config: dict[str, Any]) -> None:
     """The environment and output the worker would have had as a fresh process: the scrubbed env
     (CUDA reads it at initialisation, after this) and the private log for anything candidate code prints."""
-    isolation.adopt_environment(config["env"])
+    confinement.adopt_environment(config["env"])
     log = os.open(config["log"], os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
     os.dup2(log, 1)
     os.dup2(log, 2)

@@ -82,7 +82,7 @@ READY_TIMEOUT_S = 300.0
 
 def preload(level: str = "full") -> dict[str, Any]:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # inductor compiles in-process in the worker
-    from cuda_agent.sandbox.judge.isolation import cuda_host
+    from cuda_agent.sandbox.judge.confinement import cuda_host
 
     gpu = cuda_host()
     if gpu:
@@ -161,7 +161,7 @@ def _grandchild_cuda_problem() -> str:
     then both draw seeded CUDA inputs (they must agree: the worker regenerates the judge's inputs) and
     the grandchild also torch.compiles a small function. '' when all is well; the zygote itself never
     touches CUDA."""
-    from cuda_agent.sandbox.judge.isolation import close_inherited_fds
+    from cuda_agent.sandbox.judge.confinement import close_inherited_fds
 
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -305,7 +305,7 @@ def _create(path: str) -> int:
 
 def _judge_child(request: dict[str, Any], out: int, err: int) -> NoReturn:
     """Become an exec'd judge would have been: own session, only stdio open, confined, its environment."""
-    from cuda_agent.sandbox.judge import cli, isolation
+    from cuda_agent.sandbox.judge import cli, confinement
     from cuda_agent.sandbox.server import launcher
 
     code = 1
@@ -314,10 +314,10 @@ def _judge_child(request: dict[str, Any], out: int, err: int) -> NoReturn:
         null = os.open(os.devnull, os.O_RDONLY)
         for fd, target in ((null, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
-        isolation.close_inherited_fds()  # the zygote's socket, other judges' pidfds
+        confinement.close_inherited_fds()  # the zygote's socket, other judges' pidfds
         spec = request["spec"]
         launcher.confine(spec)
-        isolation.adopt_environment(spec["env"])
+        confinement.adopt_environment(spec["env"])
         code = cli.main(request["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 2

@@ -43,7 +43,7 @@ def cap_output(text: str, limit: int) -> str:
 
 
 def _serve(conn: Connection, memory_mib: int, output_limit: int) -> None:
-    from cuda_agent.sandbox.judge.isolation import make_non_dumpable
+    from cuda_agent.sandbox.judge.confinement import make_non_dumpable
 
     make_non_dumpable()
     resource.setrlimit(resource.RLIMIT_AS, (memory_mib << 20, memory_mib << 20))

@@ -1,4 +1,5 @@
-"""Process isolation that needs no privileges: non-dumpable judge, Landlock-confined worker, private copies.
+"""The judge's own confinement, needing no privileges: non-dumpable judge, Landlock-confined worker,
+private copies.
 
 In a restricted pod (non-root, no capabilities) the judge cannot switch users or create namespaces, but it
 can (1) mark itself non-dumpable so same-UID code cannot ptrace it or open /proc/<pid>/mem, (2) confine
