@@ -290,10 +290,6 @@ def ensure(name: str) -> Path:
     return build([name])[0]
 
 
-def build_all(log: bool = False) -> list[Path]:
-    return build(list(BINARIES), log=log)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m cuda_agent.localcluster.binaries",

@@ -392,7 +392,6 @@ class BuildOutcome:
     cached: bool = True
     violations: list[str] = field(default_factory=list)
     error: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def _remaining(deadline: float) -> float:

@@ -166,10 +166,6 @@ class SessionManager:
             self._eval_slots.put_nowait(config.max_sessions + i)
         self._libc = ctypes.CDLL(None, use_errno=True)
 
-    @property
-    def slot_count(self) -> int:
-        return self.config.max_sessions + self.config.max_concurrent_judges
-
     # ------------------------------------------------------------------ lifecycle
 
     def prepare(self) -> None:
