@@ -2,6 +2,6 @@
 
 Process model (docs/judge.md): the orchestrator (trusted, never imports candidate code) screens, builds and
 computes references; a fresh worker process runs the candidate under recorders and reports over an
-authenticated pipe. Modules imported by the worker (channel, task, recorder, tamper, timing, inline,
-confinement, worker) use only the standard library and torch.
+authenticated pipe (messages: protocol.py). Modules imported by the worker (channel, protocol, task, recorder,
+tamper, timing, inline, confinement, worker) use only the standard library and torch.
 """

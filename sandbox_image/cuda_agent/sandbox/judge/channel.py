@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from cuda_agent.sandbox.judge import protocol
+
 KEY_BYTES = 32
 MAGIC = b"CAJ1"
 # magic, direction, sequence number, header length, blob count
@@ -137,7 +139,7 @@ class Endpoint:
         self._send_seq = 0
         self._recv_seq = 0
 
-    def send(self, header: dict[str, Any], blobs: Sequence[bytes | memoryview] = ()) -> None:
+    def send(self, header: protocol.Message, blobs: Sequence[bytes | memoryview] = ()) -> None:
         body = json.dumps(header, separators=(",", ":")).encode()
         prefix = _PREFIX.pack(MAGIC, self._send_direction, self._send_seq, len(body), len(blobs))
         lengths = b"".join(_BLOB_LEN.pack(len(memoryview(b).cast("B"))) for b in blobs)

@@ -19,9 +19,12 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.utils.cpp_extension as cpp_extension
+
+if TYPE_CHECKING:
+    from cuda_agent.sandbox.judge import protocol
 
 EXTENSION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 RESERVED_NAMES = frozenset({"torch", "cuda_agent", "model_new", "numpy"})
@@ -180,7 +183,9 @@ def install_collector(records: list[dict[str, Any]]) -> None:
 
 
 def install_loader(
-    artifacts: dict[str, dict[str, str]], private_dir: Path, on_load: Callable[[types.ModuleType], None]
+    artifacts: dict[str, protocol.InlineArtifact],
+    private_dir: Path,
+    on_load: Callable[[types.ModuleType], None],
 ) -> None:
     """Worker mode: serve each call from the orchestrator's build (matched by digest, SHA-256 checked)."""
 

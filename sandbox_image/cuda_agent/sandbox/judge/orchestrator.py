@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 
@@ -42,6 +42,7 @@ from cuda_agent.sandbox.judge import (
     inline,
     plausibility,
     policy,
+    protocol,
     screen,
     tensors,
     timing,
@@ -52,6 +53,8 @@ from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeVerdict, milestone
 from cuda_agent.sandbox.judge.files import hash_judge_dir
 
 JUDGE_DIR = Path(__file__).resolve().parent
+M = TypeVar("M")
+Reply = tuple[M, list[bytearray]]  # a worker message and its blobs
 
 
 class UsageError(Exception):
@@ -84,7 +87,7 @@ class TrialReference:
     outputs64: list[torch.Tensor] | None = None
     input_digest: str = ""
 
-    def message(self, structure: Any, meta: list[dict[str, Any]], mutates: bool) -> dict[str, Any]:
+    def message(self, structure: Any, meta: list[dict[str, Any]], mutates: bool) -> protocol.TrialCommand:
         return {
             "type": "trial",
             "index": self.index,
@@ -185,9 +188,10 @@ def _reference_for(task: Any, model: torch.nn.Module, seed: int, variant: str, d
     raise TaskFailure("no valid inputs")
 
 
-def baseline_seeds(master: bytes) -> dict[str, int]:
+def baseline_seeds(master: bytes) -> protocol.BaselineCommand:
     """The model's weight seed and the compile warm-up's input seed (both not secret from the worker)."""
     return {
+        "type": "baseline",
         "weight_seed": task_lib.derive_seed(master, "weights"),
         "warmup_seed": task_lib.derive_seed(master, "compile-warmup"),
     }
@@ -383,13 +387,12 @@ class WorkerSession:
         self.phase_start = time.monotonic()
         self.deadline = time.monotonic()
 
-    def start(self, workspace: confinement.Workspace, config: dict[str, Any]) -> None:
+    def start(self, workspace: confinement.Workspace, config: protocol.WorkerConfig) -> None:
         key = channel.new_key()
         self.endpoint = channel.Endpoint(key, self.read_fd, self.write_fd, is_worker=False)
-        config = config | {
-            "env": confinement.worker_env(workspace, config["device"]),
-            "log": str(workspace.log),
-        }
+        config = config.copy()
+        config["env"] = confinement.worker_env(workspace, config["device"])
+        config["log"] = str(workspace.log)
         try:
             channel.send_key(self.write_fd, key)
             self.endpoint.send(config)
@@ -401,36 +404,42 @@ class WorkerSession:
         self.phase_start = time.monotonic()
         self.deadline = min(self.phase_start + limit, total_deadline)
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: protocol.Command) -> None:
         # A dead worker: the receive that follows reports how it ended.
         with contextlib.suppress(BrokenPipeError):
             self.endpoint.send(message)
 
-    def receive(self, expected: str, result: JudgeVerdict) -> tuple[dict[str, Any], list[bytearray]]:
-        """The next frame of type `expected`; anything else ends the run with the matching verdict."""
-        try:
-            header, blobs = self.endpoint.receive(deadline=self.deadline)
-        except channel.ChannelTimeout:
-            self.kill()
-            result.error = f"timeout after {self.deadline - self.phase_start:.0f} s in {self.phase}"
-            raise RunStopped() from None
-        except channel.ChannelForged as exc:
-            self.kill()
-            result.violations.append(f"output-forged: {exc} (on the judge's channel, in {self.phase})")
-            raise RunStopped() from None
-        except channel.ChannelClosed:
-            rc = self.wait()
-            if rc == 0:
-                result.violations.append(f"early-exit: worker exited before reporting (in {self.phase})")
-            else:
-                result.error = f"crash: exit code {rc} in {self.phase}"
-            raise RunStopped() from None
+    # The worker's reply each step waits for: `expected` names the message kind, and its type follows.
+    @overload
+    def receive(self, expected: Literal["started"], result: JudgeVerdict) -> Reply[protocol.Started]: ...
+    @overload
+    def receive(self, expected: Literal["collected"], result: JudgeVerdict) -> Reply[protocol.Collected]: ...
+    @overload
+    def receive(self, expected: Literal["imported"], result: JudgeVerdict) -> Reply[protocol.Imported]: ...
+    @overload
+    def receive(self, expected: Literal["ready"], result: JudgeVerdict) -> Reply[protocol.Ready]: ...
+    @overload
+    def receive(
+        self, expected: Literal["trial_result"], result: JudgeVerdict
+    ) -> Reply[protocol.TrialResult]: ...
+    @overload
+    def receive(
+        self, expected: Literal["profile_result"], result: JudgeVerdict
+    ) -> Reply[protocol.ProfileResult]: ...
+    @overload
+    def receive(self, expected: Literal["bye"], result: JudgeVerdict) -> Reply[protocol.Bye]: ...
+
+    def receive(self, expected: str, result: JudgeVerdict) -> Reply[Any]:
+        """The next frame of type `expected`; anything else ends the run with the matching verdict. Its
+        fields are the worker's word (it runs candidate code): callers check what they rely on."""
+        header, blobs = self._frame(result)
         kind = header.get("type")
-        if kind == "progress" and expected == "profile_result":
+        while kind == "progress" and expected == "profile_result":
             done = header.get("done")
             if self.on_progress is not None and isinstance(done, int):
                 self.on_progress(done)
-            return self.receive(expected, result)
+            header, blobs = self._frame(result)
+            kind = header.get("type")
         if kind == expected:
             return header, blobs
         self.kill()
@@ -450,6 +459,26 @@ class WorkerSession:
         else:
             result.violations.append(f"output-forged: unexpected message {kind!r} in {self.phase}")
         raise RunStopped()
+
+    def _frame(self, result: JudgeVerdict) -> Reply[dict[str, Any]]:
+        """The next authenticated frame; a timeout, forgery or dead worker ends the run with its verdict."""
+        try:
+            return self.endpoint.receive(deadline=self.deadline)
+        except channel.ChannelTimeout:
+            self.kill()
+            result.error = f"timeout after {self.deadline - self.phase_start:.0f} s in {self.phase}"
+            raise RunStopped() from None
+        except channel.ChannelForged as exc:
+            self.kill()
+            result.violations.append(f"output-forged: {exc} (on the judge's channel, in {self.phase})")
+            raise RunStopped() from None
+        except channel.ChannelClosed:
+            rc = self.wait()
+            if rc == 0:
+                result.violations.append(f"early-exit: worker exited before reporting (in {self.phase})")
+            else:
+                result.error = f"crash: exit code {rc} in {self.phase}"
+            raise RunStopped() from None
 
     def wait(self, timeout: float = 10.0) -> int:
         """The worker's exit code (negative: killed by that signal); killed first if it outlives timeout."""
@@ -645,7 +674,7 @@ class Orchestrator:
             raise RunStopped() from None
         return specs, note
 
-    def _worker_config(self, mode: str) -> dict[str, Any]:
+    def _worker_config(self, mode: protocol.WorkerMode) -> protocol.WorkerConfig:
         # The shared torch.compile cache: written only by judge workers before any candidate code runs.
         baseline_cache = self.cache.root / "baseline"
         baseline_cache.mkdir(mode=self.cache.dir_mode & 0o777, parents=True, exist_ok=True)
@@ -665,7 +694,7 @@ class Orchestrator:
 
     def _load_message(
         self, workspace_exts: list[build.BuiltExtension], inline_exts: list[build.BuiltExtension]
-    ) -> dict[str, Any]:
+    ) -> protocol.LoadCommand:
         return {
             "type": "load",
             "workspace_extensions": [
@@ -675,7 +704,7 @@ class Orchestrator:
         }
 
     def judge_outputs(
-        self, report: dict[str, Any], blobs: list[bytearray], refs: list[torch.Tensor], label: str
+        self, report: protocol.CallReport, blobs: list[bytearray], refs: list[torch.Tensor], label: str
     ) -> tuple[list[torch.Tensor] | None, str | None]:
         """Decode and compare one call's outputs; violations go to the result, a wrong value is returned."""
         self.result.violations += report.get("violations", [])
@@ -696,7 +725,7 @@ class Orchestrator:
         return outputs, (f"wrong result: {label}: {verdict.wrong}" if verdict.wrong else None)
 
     def received_outputs(
-        self, report: dict[str, Any], metas: list[Any], blobs: list[bytearray], refs: list[torch.Tensor]
+        self, report: protocol.CallReport, metas: list[Any], blobs: list[bytearray], refs: list[torch.Tensor]
     ) -> list[torch.Tensor]:
         """One call's outputs in this process's memory, on the references' devices: copied out of the
         worker's exported device memory (CUDA IPC), or decoded from the frame's blobs."""
@@ -749,7 +778,9 @@ class Orchestrator:
         finally:
             self.result.seconds.verify = time.monotonic() - phase_start
 
-    def add_worker_steps(self, report: dict[str, Any]) -> None:
+    def add_worker_steps(
+        self, report: protocol.Imported | protocol.TrialResult | protocol.ProfileResult
+    ) -> None:
         """The worker's own breakdown (diagnostic only: it comes from the process running candidate code)."""
         steps = report.get("steps")
         if isinstance(steps, dict):
@@ -757,7 +788,9 @@ class Orchestrator:
                 if isinstance(name, str) and isinstance(seconds, (int, float)):
                     self.add_step(f"worker.{name[:40]}", float(seconds))
 
-    def check_trial(self, trial: TrialReference, report: dict[str, Any], blobs: list[bytearray]) -> bool:
+    def check_trial(
+        self, trial: TrialReference, report: protocol.TrialResult, blobs: list[bytearray]
+    ) -> bool:
         cfg = self.cfg
         label = f"trial {trial.index} ({trial.order})"
         if report.get("input_digest") != trial.input_digest:
@@ -855,7 +888,9 @@ class Orchestrator:
             return
         self.record_timings(report, settings, refs.bounds)
 
-    def check_timed_outputs(self, report: dict[str, Any], blobs: list[bytearray], refs: References) -> None:
+    def check_timed_outputs(
+        self, report: protocol.ProfileResult, blobs: list[bytearray], refs: References
+    ) -> None:
         """Every checked timed call must have come back, each equal to the reference for its own values
         (and, under strict-fp32, as accurate as eager fp32): else `timed-wrong-result`."""
         res = self.result
@@ -900,7 +935,9 @@ class Orchestrator:
                 f"(fresh values each trial); first: {wrong[0]}"[:2000]
             )
 
-    def record_timings(self, report: dict[str, Any], settings: Any, bounds: plausibility.TaskBounds) -> None:
+    def record_timings(
+        self, report: protocol.ProfileResult, settings: Any, bounds: plausibility.TaskBounds
+    ) -> None:
         res = self.result
         res.timing_method = report["method"]
         res.profile_trials = self.cfg.profile.trials
@@ -1012,7 +1049,7 @@ class Orchestrator:
                 # are computed here; its benchmarks wait for "load", sent only after them (worker.gated).
                 with self.step("device_limits"):
                     self.limits = self.device_limits()
-                session.send({"type": "baseline", **baseline_seeds(master)})
+                session.send(baseline_seeds(master))
                 refs = self.references(task, master)
                 # No frame from the worker legitimately carries a blob larger than the largest output.
                 largest = max((t.nbytes for t in refs.trials[0].outputs), default=0)

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from cuda_agent.sandbox.judge import protocol
 from cuda_agent.sandbox.judge.config import OpPolicy, ProfileSettings
 
 # Kernels of PyTorch's own implementation (as opposed to cuBLAS/cuDNN/CUTLASS library kernels).
@@ -81,7 +82,12 @@ def library_work(kernel: dict[str, Any], policy: OpPolicy, global_kernels: Itera
 
 
 def call_violations(
-    report: dict[str, Any], *, device: str, policy: OpPolicy, custom_ops: set[str], global_kernels: list[str]
+    report: protocol.CallReport,
+    *,
+    device: str,
+    policy: OpPolicy,
+    custom_ops: set[str],
+    global_kernels: list[str],
 ) -> list[str]:
     """Violations from one observed forward call (ops, extension calls, kernels, streams)."""
     found = op_violations(report.get("ops", []), policy, custom_ops)
@@ -127,7 +133,7 @@ def call_violations(
     return sorted(set(found))
 
 
-def library_notes(report: dict[str, Any], policy: OpPolicy, global_kernels: list[str]) -> list[str]:
+def library_notes(report: protocol.CallReport, policy: OpPolicy, global_kernels: list[str]) -> list[str]:
     """Which allowed libraries' work the call launched, and what of it ran on a stream of its own."""
     notes: list[str] = []
     current = report.get("current_stream")
@@ -140,7 +146,9 @@ def library_notes(report: dict[str, Any], policy: OpPolicy, global_kernels: list
     return sorted(set(notes))
 
 
-def timing_violations(result: dict[str, Any], settings: ProfileSettings) -> tuple[list[str], list[str]]:
+def timing_violations(
+    result: protocol.ProfileResult, settings: ProfileSettings
+) -> tuple[list[str], list[str]]:
     """(violations, notes) of the host-side cross-check: K calls between full device synchronisations
     may take longer than their device time only by a launch allowance derived from eager's own gap."""
     notes: list[str] = []

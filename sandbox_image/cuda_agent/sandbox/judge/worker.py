@@ -29,7 +29,7 @@ import traceback
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 import torch._dynamo
@@ -39,6 +39,7 @@ from cuda_agent.sandbox.judge import (
     confinement,
     cuda_driver,
     inline,
+    protocol,
     recorder,
     tamper,
     tensors,
@@ -78,7 +79,7 @@ def guarded(what: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 class Worker:
-    def __init__(self, endpoint: channel.Endpoint, config: dict[str, Any]) -> None:
+    def __init__(self, endpoint: channel.Endpoint, config: protocol.WorkerConfig) -> None:
         self.ep = endpoint
         self.config = config
         self.device: str = config["device"]
@@ -122,8 +123,9 @@ class Worker:
         if self.device == "cuda":
             torch.empty(1, device="cuda")  # open the device nodes before the filesystem is confined
         writable = [self.home]
-        if self.shared_cache:
-            writable.append(Path(self.config["baseline_cache"]))
+        shared = self.config["baseline_cache"]
+        if self.shared_cache and shared is not None:
+            writable.append(Path(shared))
         report["landlock"] = confinement.confine_writes(writable, [Path("/dev")])
         # The shared cache is used only where a second Landlock layer can seal it before candidate code.
         self.shared_cache = self.shared_cache and report["landlock"].startswith("on")
@@ -154,7 +156,8 @@ class Worker:
         mode = self.config.get("compile_mode", "none")
         if mode == "none":
             return
-        cache = Path(self.config["baseline_cache"]) if self.shared_cache else self.home
+        shared = self.config["baseline_cache"]
+        cache = Path(shared) if self.shared_cache and shared is not None else self.home
         private = {
             "TORCHINDUCTOR_CACHE_DIR": self.home / "inductor",
             "TRITON_CACHE_DIR": self.home / "triton",
@@ -233,7 +236,7 @@ class Worker:
             error = str(exc)
         self.ep.send({"type": "collected", "specs": records, "import_error": error})
 
-    def baseline(self, msg: dict[str, Any]) -> None:
+    def baseline(self, msg: protocol.BaselineCommand) -> None:
         """Trusted preparation: task, precision and the torch.compile baseline. The orchestrator computes
         its references meanwhile; anything in the compile that benchmarks waits for them (`gated`)."""
         cfg = self.config
@@ -270,21 +273,21 @@ class Worker:
                 self.gate_error = exc
                 raise
 
-    def next_command(self) -> dict[str, Any]:
+    def next_command(self) -> protocol.Command:
         if self.pending is not None:
             msg, self.pending = self.pending, None
-            return msg
-        return self.ep.receive()[0]
+        else:
+            msg = self.ep.receive()[0]
+        # An authenticated frame from the orchestrator (trusted): its shape is the protocol's.
+        return cast(protocol.Command, msg)
 
-    def load(self, msg: dict[str, Any]) -> None:
+    def load(self, msg: protocol.LoadCommand) -> None:
         """The candidate's code: its extensions, then model_new.py (after the trusted `baseline`)."""
-        cfg = self.config
         assert self.task is not None
-        cfg.update(workspace_extensions=msg["workspace_extensions"], inline_artifacts=msg["inline_artifacts"])
         sys.path.append(str(self.candidate_dir))
         self.registry = recorder.ExtensionRegistry()
         ext_dir = self.home / "ext"
-        for ext in cfg["workspace_extensions"]:
+        for ext in msg["workspace_extensions"]:
             guarded(
                 f"loading {ext['name']}",
                 inline.load_extension,
@@ -294,7 +297,7 @@ class Worker:
                 ext_dir,
                 self.registry.add_module,
             )
-        inline.install_loader(cfg["inline_artifacts"], ext_dir, self.registry.add_module)
+        inline.install_loader(msg["inline_artifacts"], ext_dir, self.registry.add_module)
         self.fingerprints = tamper.Fingerprints(self.task)
         module = self.import_candidate()
         cls = getattr(module, "ModelNew", None)
@@ -373,8 +376,8 @@ class Worker:
         return leaves
 
     def one_call(
-        self, inputs: list[Any], msg: dict[str, Any], label: str, observe: bool
-    ) -> tuple[dict[str, Any], list[memoryview]]:
+        self, inputs: list[Any], msg: protocol.TrialCommand, label: str, observe: bool
+    ) -> tuple[protocol.CallReport, list[memoryview]]:
         """One candidate call with poisoned memory and all output/input checks; its outputs packed for the
         orchestrator (`pack_outputs`)."""
         assert self.model_new is not None and self.registry is not None
@@ -396,7 +399,7 @@ class Worker:
                 torch.cuda.current_stream().synchronize()
                 early.extend(_clone(t) for t in leaves)
 
-        report: dict[str, Any] = {"label": label}
+        report: protocol.CallReport = {"label": label}
         with _no_grad(), self.step("observed_call" if observe else "call"):
             if observe:
                 record = guarded(
@@ -408,15 +411,13 @@ class Worker:
                     self.device,
                     after,
                 )
-                report.update(
-                    ops=record.ops,
-                    profiler_ops=record.profiler_ops,
-                    ext_calls=record.ext_calls,
-                    kernels=record.kernels,
-                    current_stream=record.current_stream,
-                    profiler_error=record.profiler_error,
-                    balanced=record.balanced,
-                )
+                report["ops"] = record.ops
+                report["profiler_ops"] = record.profiler_ops
+                report["ext_calls"] = record.ext_calls
+                report["kernels"] = record.kernels
+                report["current_stream"] = record.current_stream
+                report["profiler_error"] = record.profiler_error
+                report["balanced"] = record.balanced
             else:
                 output = guarded(f"ModelNew.forward ({label})", self.model_new, *inputs)
                 after(output)
@@ -443,7 +444,7 @@ class Worker:
         # the judge's own: the candidate holds no reference to them.
         return report, self.pack_outputs(report, early or leaves)
 
-    def pack_outputs(self, report: dict[str, Any], outputs: list[torch.Tensor]) -> list[memoryview]:
+    def pack_outputs(self, report: protocol.CallReport, outputs: list[torch.Tensor]) -> list[memoryview]:
         """Describe `outputs` in `report` and return the blobs to send: none when the device memory is
         exported (CUDA IPC, report["shared"]), else the raw bytes (CPU, or the driver refused)."""
         report["outputs"] = [tensors.tensor_meta(t) for t in outputs]
@@ -461,7 +462,7 @@ class Worker:
                     report["ipc_error"] = str(exc)[:300]
             return [tensors.to_bytes(t) for t in outputs]
 
-    def trial(self, msg: dict[str, Any]) -> None:
+    def trial(self, msg: protocol.TrialCommand) -> None:
         assert self.task is not None and self.model is not None and self.fingerprints is not None
         with self.step("inputs"):
             inputs = task_lib.make_inputs(self.task, int(msg["seed"]), msg["variant"], self.device)
@@ -471,7 +472,7 @@ class Worker:
                 scratch = self.model(*[_clone(x) if type(x) is torch.Tensor else x for x in inputs])
             del scratch
         first, blobs = self.one_call(inputs, msg, "fresh inputs", observe=True)
-        second: dict[str, Any] = {}
+        second: protocol.CallReport = {}
         if not first["violations"] and "outputs" in first:
             # Same buffers, new values: a candidate that caches by pointer or shape returns stale outputs.
             with self.step("inputs"):
@@ -515,7 +516,7 @@ class Worker:
 
         return observe
 
-    def profile(self, msg: dict[str, Any]) -> None:
+    def profile(self, msg: protocol.ProfileCommand) -> None:
         """The timed loops. Every trial draws fresh values into the same input buffers (timing.Feed), and
         the candidate's outputs of a secret sample of the timed calls (`loops[...]["checked"]`, chosen by
         the orchestrator, the last call of each loop among them) are copied right after the call and sent
@@ -588,12 +589,12 @@ class Worker:
                         timed.observer("host"),
                         {int(i) for i in loops["host"]["checked"]},
                     )
-                result: dict[str, Any] = {
-                    "method": "cuda-profiler-device-time",
-                    "device": device_times,
-                    "latency": latency,
-                    "host": host,
-                }
+                method, device_ms, latency_ms, host_ms = (
+                    "cuda-profiler-device-time",
+                    device_times,
+                    latency,
+                    host,
+                )
             else:
                 wall = timing.cpu_wall_times(
                     fns,
@@ -603,49 +604,52 @@ class Worker:
                     int(msg["order_seed"]),
                     self.progress_observer(timed.observer("wall"), len(fns), len(loops["wall"]["seeds"])),
                 )
-                result = {"method": "cpu-wall-clock", "device": wall, "latency": wall, "host": {}}
+                method, device_ms, latency_ms, host_ms = "cpu-wall-clock", wall, wall, {}
             if self.device == "cuda":
                 torch.cuda.synchronize()
         blobs: list[memoryview] = []
-        packed: list[dict[str, Any]] = []
+        packed: list[protocol.TimedCallReport] = []
         if not timed.violations:
             for loop, index, leaves in timed.captured:
-                sub: dict[str, Any] = {"loop": loop, "index": index}
+                sub: protocol.TimedCallReport = {"loop": loop, "index": index}
                 blobs += self.pack_outputs(sub, leaves)
                 packed.append(sub)
-        result.update(
-            type="profile_result",
-            notes=notes,
-            compile_seconds=compile_seconds,
-            violations=timed.violations,
-            timed=packed,
-            tamper=pre_compile_tampering + self.fingerprints.changes(),
-            steps=self.take_steps(),
-        )
+        result: protocol.ProfileResult = {
+            "type": "profile_result",
+            "method": method,
+            "device": device_ms,
+            "latency": latency_ms,
+            "host": host_ms,
+            "notes": notes,
+            "compile_seconds": compile_seconds,
+            "violations": timed.violations,
+            "timed": packed,
+            "tamper": pre_compile_tampering + self.fingerprints.changes(),
+            "steps": self.take_steps(),
+        }
         self.ep.send(result, blobs)
 
     # -- command loop ---------------------------------------------------------------------------------------
     def serve(self) -> None:
         self.preload()
         msg = self.next_command()
-        if msg.get("type") != "baseline":
+        if msg["type"] != "baseline":
             return
         self.baseline(msg)
         msg = self.next_command()
-        if msg.get("type") != "load":
+        if msg["type"] != "load":
             return
         self.load(msg)
         while True:
             msg = self.next_command()
             self.exported.clear()
-            kind = msg.get("type")
-            if kind == "models":
+            if msg["type"] == "models":
                 self.build_models(int(msg["weight_seed"]))
-            elif kind == "trial":
+            elif msg["type"] == "trial":
                 self.trial(msg)
-            elif kind == "profile":
+            elif msg["type"] == "profile":
                 self.profile(msg)
-            elif kind == "finish":
+            elif msg["type"] == "finish":
                 assert self.fingerprints is not None
                 self.ep.send({"type": "bye", "tamper": self.fingerprints.changes()})
                 return
@@ -658,7 +662,9 @@ class TimedChecks:
     be exactly torch.Tensor; the outputs of the calls the orchestrator picked are checked like a verify
     call's (structure, metadata, no input aliasing, inputs unchanged) and copied for the orchestrator."""
 
-    def __init__(self, worker: Worker, msg: dict[str, Any], feed: timing.Feed, mutates: bool) -> None:
+    def __init__(
+        self, worker: Worker, msg: protocol.ProfileCommand, feed: timing.Feed, mutates: bool
+    ) -> None:
         self.worker = worker
         self.meta, self.structure = msg["meta"], msg["structure"]
         self.loops = msg["loops"]
@@ -787,7 +793,7 @@ def _detach(keep: tuple[int, ...]) -> None:
     sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != cwd]
 
 
-def _adopt(config: dict[str, Any]) -> None:
+def _adopt(config: protocol.WorkerConfig) -> None:
     """The environment and output the worker would have had as a fresh process: the scrubbed env
     (CUDA reads it at initialisation, after this) and the private log for anything candidate code prints."""
     confinement.adopt_environment(config["env"])
@@ -802,7 +808,8 @@ def main(read_fd: int, write_fd: int) -> int:
     key = channel.receive_key(read_fd)
     endpoint = channel.Endpoint(key, read_fd, write_fd, is_worker=True)
     try:
-        config, _ = endpoint.receive(deadline=None)
+        header, _ = endpoint.receive(deadline=None)
+        config = cast(protocol.WorkerConfig, header)  # authenticated: the orchestrator's own frame
         _adopt(config)
         worker = Worker(endpoint, config)
         endpoint.send({"type": "started", "isolation": worker.isolate()})
