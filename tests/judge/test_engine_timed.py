@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from cuda_agent.sandbox.judge import orchestrator, plausibility, timing
+from cuda_agent.sandbox.judge import plausibility, references, timing
 from cuda_agent.sandbox.judge import task as task_lib
 from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings
 
@@ -104,7 +104,7 @@ def test_plan_checks_a_secret_sample_with_the_last_call_and_near_repeats(
     def make(seed: int) -> list[Any]:
         return task_lib.make_inputs(task, seed, "task", "cpu")
 
-    plans = [orchestrator.plan_timed(task, model, None, bytes([i]) * 32, cfg) for i in range(2)]
+    plans = [references.plan_timed(task, model, None, bytes([i]) * 32, cfg) for i in range(2)]
     for plan in plans:
         wall = plan.loops["wall"]
         assert len(wall["seeds"]) == 30 and 29 in wall["checked"] and len(wall["checked"]) == 6

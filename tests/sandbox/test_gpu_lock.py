@@ -23,7 +23,8 @@ from sandbox_helpers import TASK, cleanup, needs_root, start_server
 
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock, device_lock
 from cuda_agent.sandbox.judge.config import JudgeConfig
-from cuda_agent.sandbox.judge.orchestrator import Orchestrator, RunStopped
+from cuda_agent.sandbox.judge.errors import RunStopped
+from cuda_agent.sandbox.judge.orchestrator import Orchestrator
 from cuda_agent.sandbox.server.models import EvaluateRequest, JudgeOptions, TaskRef
 
 CANDIDATE = """import torch

@@ -206,7 +206,7 @@ def main(argv: Sequence[str]) -> int:
     # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
     # forked afterwards, and the orchestrator forks its workers.
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    from cuda_agent.sandbox.judge import confinement, orchestrator
+    from cuda_agent.sandbox.judge import confinement, errors, orchestrator
     from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings, Timeouts, Tolerances
 
     # No CUDA call here: the orchestrator checks availability after forking its workers.
@@ -243,10 +243,10 @@ def main(argv: Sequence[str]) -> int:
     progress = None if args.json or args.no_progress else Progress(sys.stderr)
     try:
         result = orchestrator.judge(config, progress=progress)
-    except orchestrator.UsageError as exc:
+    except errors.UsageError as exc:
         print(f"cuda-agent judge: {exc}", file=sys.stderr)
         return 2
-    except orchestrator.TaskFailure as exc:
+    except errors.TaskFailure as exc:
         print(f"cuda-agent judge: task error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -13,29 +13,25 @@ Everything in the result comes from this process or from authenticated channel f
 from __future__ import annotations
 
 import contextlib
-import copy
 import cProfile
 import hashlib
 import io
 import json
 import os
 import pstats
-import random
 import secrets
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Any
 
 import torch
 
 from cuda_agent.sandbox import gpu_lock
 from cuda_agent.sandbox.judge import (
     build,
-    channel,
     compare,
     confinement,
     cuda_driver,
@@ -45,471 +41,15 @@ from cuda_agent.sandbox.judge import (
     protocol,
     screen,
     tensors,
-    timing,
-    worker,
 )
 from cuda_agent.sandbox.judge import task as task_lib
 from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeVerdict, milestone_reward
+from cuda_agent.sandbox.judge.errors import RunStopped, TaskFailure, UsageError
 from cuda_agent.sandbox.judge.files import hash_judge_dir
+from cuda_agent.sandbox.judge.references import References, TrialReference, baseline_seeds, compute_references
+from cuda_agent.sandbox.judge.worker_session import WorkerSession
 
 JUDGE_DIR = Path(__file__).resolve().parent
-M = TypeVar("M")
-Reply = tuple[M, list[bytearray]]  # a worker message and its blobs
-
-
-class UsageError(Exception):
-    """Bad arguments or unreadable files: exit 2."""
-
-
-class TaskFailure(Exception):
-    """The task itself failed to run: exit 2 ("task error: ...")."""
-
-
-class RunStopped(Exception):
-    """Judging ended early with a verdict already recorded in the result."""
-
-
-# --- references ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrialReference:
-    """What the orchestrator alone knows about one trial: seeds, and the outputs they must produce."""
-
-    index: int
-    order: str
-    seed: int
-    variant: str
-    refill_seed: int
-    refill_variant: str
-    outputs: list[torch.Tensor] = field(default_factory=list)
-    refill_outputs: list[torch.Tensor] = field(default_factory=list)
-    outputs64: list[torch.Tensor] | None = None
-    input_digest: str = ""
-
-    def message(self, structure: Any, meta: list[dict[str, Any]], mutates: bool) -> protocol.TrialCommand:
-        return {
-            "type": "trial",
-            "index": self.index,
-            "order": self.order,
-            "seed": self.seed,
-            "variant": self.variant,
-            "refill_seed": self.refill_seed,
-            "refill_variant": self.refill_variant,
-            "structure": structure,
-            "meta": meta,
-            "output_bytes": [t.nbytes for t in self.outputs],
-            "task_mutates_inputs": mutates,
-        }
-
-
-@dataclass
-class TimedCall:
-    """One timed call whose outputs are checked: the seed of its values and the outputs they must give."""
-
-    loop: str
-    index: int
-    draw: timing.Draw
-    outputs: list[torch.Tensor]
-    outputs64: list[torch.Tensor] | None
-
-
-@dataclass
-class TimedPlan:
-    """Fresh values for every timed call and the secret sample of calls checked (docs/judge.md, "Timed
-    calls are checked"). `loops` is the worker's part: per loop the seeds and the checked indices."""
-
-    warmup_seed: int
-    loops: dict[str, dict[str, Any]]
-    calls: dict[tuple[str, int], TimedCall]
-
-
-@dataclass
-class References:
-    weight_seed: int
-    trials: list[TrialReference]
-    timed: TimedPlan
-    bounds: plausibility.TaskBounds
-    structure: Any
-    meta: list[dict[str, Any]]
-    flags: list[str]
-    mutates_inputs: bool
-
-
-def _clone_inputs(inputs: list[Any]) -> list[Any]:
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-def _run_reference(model: torch.nn.Module, inputs: list[Any]) -> tuple[Any, list[torch.Tensor], list[str]]:
-    """(structure, outputs copied where they were produced, the device type of each). References stay on
-    the device: comparing 100M-element outputs there takes milliseconds, on the host seconds."""
-    with torch.no_grad():
-        out = model(*inputs)
-    try:
-        structure, leaves = tensors.flatten(out)
-    except tensors.OutputTypeError as exc:
-        raise TaskFailure(f"Model.forward returns a non-tensor output ({exc})") from None
-    return structure, [t.detach().clone() for t in leaves], [t.device.type for t in leaves]
-
-
-@dataclass
-class ReferenceCall:
-    variant: str
-    structure: Any
-    outputs: list[torch.Tensor]
-    devices: list[str]
-    mutated_inputs: bool
-    input_digest: str
-
-
-def _reference_for(task: Any, model: torch.nn.Module, seed: int, variant: str, device: str) -> ReferenceCall:
-    """The reference outputs for one seed, on the variant actually used. A redraw that makes the reference
-    itself fail or go non-finite is not valid for this task: fall back to the task's own distribution."""
-    for attempt in dict.fromkeys((variant, "task")):
-        inputs = task_lib.make_inputs(task, seed, attempt, device)
-        digest = task_lib.values_digest(inputs)
-        before = _clone_inputs(inputs)
-        try:
-            structure, outputs, devices = _run_reference(model, inputs)
-        except TaskFailure:
-            raise
-        except Exception as exc:
-            if attempt == "task":
-                raise TaskFailure(f"Model.forward raised {type(exc).__name__}: {exc}") from exc
-            continue
-        finite = all(torch.isfinite(t).all() for t in outputs if t.is_floating_point())
-        if attempt != "task" and not finite:
-            continue
-        mutated = any(
-            isinstance(a, torch.Tensor) and not tensors.bitwise_equal(a, b)
-            for a, b in zip(inputs, before, strict=True)
-        )
-        return ReferenceCall(attempt, structure, outputs, devices, mutated, digest)
-    raise TaskFailure("no valid inputs")
-
-
-def baseline_seeds(master: bytes) -> protocol.BaselineCommand:
-    """The model's weight seed and the compile warm-up's input seed (both not secret from the worker)."""
-    return {
-        "type": "baseline",
-        "weight_seed": task_lib.derive_seed(master, "weights"),
-        "warmup_seed": task_lib.derive_seed(master, "compile-warmup"),
-    }
-
-
-def compute_references(task: Any, master: bytes, cfg: JudgeConfig) -> References:
-    device = cfg.device
-    task_lib.apply_precision(cfg.precision)
-    weight_seed = baseline_seeds(master)["weight_seed"]
-    try:
-        model = task_lib.build_model(task, task.Model, weight_seed, device)
-    except task_lib.TaskError:
-        raise
-    except Exception as exc:
-        raise TaskFailure(f"Model construction raised {type(exc).__name__}: {exc}") from exc
-    model64: torch.nn.Module | None = None
-    if cfg.precision == "strict-fp32":
-        with contextlib.suppress(Exception):
-            model64 = copy.deepcopy(model).double()
-    offset = task_lib.derive_seed(master, "variant-offset") % len(task_lib.VARIANTS)
-    trials: list[TrialReference] = []
-    structure: Any = None
-    devices: list[str] = []
-    mutates = False
-    for i in range(1, cfg.trials + 1):
-        variant = task_lib.VARIANTS[(i - 1 + offset) % len(task_lib.VARIANTS)]
-        refill_variant = task_lib.VARIANTS[(i + offset) % len(task_lib.VARIANTS)]
-        ref = TrialReference(
-            index=i,
-            order="model-first" if i % 2 else "candidate-first",
-            seed=task_lib.derive_seed(master, f"trial/{i}"),
-            variant=variant,
-            refill_seed=task_lib.derive_seed(master, f"refill/{i}"),
-            refill_variant=refill_variant,
-        )
-        call = _reference_for(task, model, ref.seed, variant, device)
-        ref.variant, ref.outputs, ref.input_digest = call.variant, call.outputs, call.input_digest
-        structure, devices = call.structure, call.devices
-        refill = _reference_for(task, model, ref.refill_seed, refill_variant, device)
-        ref.refill_variant, ref.refill_outputs = refill.variant, refill.outputs
-        mutates = mutates or call.mutated_inputs
-        if model64 is not None and any(t.dtype == torch.float32 for t in ref.outputs):
-            inputs = task_lib.make_inputs(task, ref.seed, ref.variant, device)
-            inputs64 = [
-                x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs
-            ]
-            try:
-                _, ref.outputs64, _ = _run_reference(model64, inputs64)
-            except Exception:  # some ops have no float64 kernel: no precision audit for this task
-                model64 = None
-        trials.append(ref)
-    timed = plan_timed(task, model, model64, master, cfg)
-    bounds = plausibility.task_bounds(
-        model, task_lib.make_inputs(task, timed.warmup_seed, "task", device), device
-    )
-    meta = [tensors.tensor_meta(t) | {"device": d} for t, d in zip(trials[0].outputs, devices, strict=True)]
-    flags = compare.task_flags([t.outputs for t in trials])
-    if model64 is None and cfg.precision == "strict-fp32":
-        flags.append("no-fp64-reference")
-    if mutates:
-        flags.append("mutates-inputs")
-    del model, model64
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return References(
-        weight_seed,
-        trials,
-        timed,
-        bounds,
-        structure,
-        meta,
-        sorted(flags),
-        mutates,
-    )
-
-
-def _sample(rng: random.Random, count: int, checked: int) -> list[int]:
-    """`checked` indices of `count` calls: the last one always, the rest drawn without replacement."""
-    if count <= 0:
-        return []
-    rest = rng.sample(range(count - 1), min(max(checked - 1, 0), count - 1))
-    return sorted({count - 1, *rest})
-
-
-def _nbytes(values: list[Any]) -> int:
-    return sum(x.nbytes for x in values if isinstance(x, torch.Tensor))
-
-
-# Device memory the judge may spend on the timed checks: the host loop's pre-drawn value sets, and the
-# checked outputs (held by the worker and by this process). Beyond it fewer sets / checks are used.
-HOST_POOL_BUDGET = 2 << 30
-CHECKED_BUDGET = 4 << 30
-# Checked trials per loop whose values are a near repeat of the trial before (caches keyed on a sample).
-NEAR_REPEATS = 2
-
-
-def plan_timed(
-    task: Any,
-    model: torch.nn.Module,
-    model64: torch.nn.Module | None,
-    master: bytes,
-    cfg: JudgeConfig,
-) -> TimedPlan:
-    """Seeds for every timed call and the secret sample of calls whose outputs are checked, with their
-    references (and float64 references for the precision audit). The worker learns the sample only as
-    "copy these calls' outputs after the call": the candidate's code cannot tell them from the others."""
-    settings, device = cfg.profile, cfg.device
-    warmup_seed = task_lib.derive_seed(master, "timed/warmup")
-    sample_inputs = task_lib.make_inputs(task, warmup_seed, "task", device)
-    in_bytes = max(_nbytes(sample_inputs), 1)
-    _, sample_out, _ = _run_reference(model, sample_inputs)
-    out_bytes = max(sum(t.nbytes for t in sample_out), 1)
-    rng = random.Random(task_lib.derive_seed(master, "timed/sample"))
-    checked = max(1, min(settings.checked_calls, CHECKED_BUDGET // out_bytes - 3))
-    trials = settings.trials
-    if device == "cuda":
-        calls = max(2, min(settings.host_calls, HOST_POOL_BUDGET // (in_bytes + out_bytes)))
-        shapes = {
-            "device": (trials, checked),
-            "latency": (trials, 2),
-            "host": (settings.host_rounds * calls, 2),
-        }
-    else:
-        calls = 0
-        shapes = {"wall": (trials, checked)}
-    loops: dict[str, dict[str, Any]] = {}
-    plan = TimedPlan(warmup_seed, loops, {})
-
-    def make(seed: int) -> list[Any]:
-        return task_lib.make_inputs(task, seed, "task", device)
-
-    for loop, (count, n_checked) in shapes.items():
-        seeds: list[timing.Draw] = [task_lib.derive_seed(master, f"timed/{loop}/{k}") for k in range(count)]
-        sample = _sample(rng, count, n_checked)
-        if loop != "host":
-            # Some checked trials are near repeats of the trial just before them (timing.near_repeat).
-            baits = [k for k in sample if k > 0]
-            for k in rng.sample(baits, min(NEAR_REPEATS, len(baits))):
-                base = seeds[k - 1]
-                if isinstance(base, int):
-                    seeds[k] = [base, task_lib.derive_seed(master, f"timed/{loop}/{k}/near")]
-        loops[loop] = {
-            "seeds": [seeds[r * calls : (r + 1) * calls] for r in range(settings.host_rounds)]
-            if loop == "host"
-            else seeds,
-            "checked": sample,
-        }
-        for k in sample:
-            _, outputs, _ = _run_reference(model, timing.draw_values(make, seeds[k]))
-            outputs64 = None
-            if model64 is not None and any(t.dtype == torch.float32 for t in outputs):
-                inputs64 = [
-                    x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                    for x in timing.draw_values(make, seeds[k])
-                ]
-                with contextlib.suppress(Exception):
-                    _, outputs64, _ = _run_reference(model64, inputs64)
-            plan.calls[(loop, k)] = TimedCall(loop, k, seeds[k], outputs, outputs64)
-    return plan
-
-
-# --- worker sessions ----------------------------------------------------------------------------------------
-
-
-class WorkerSession:
-    """One worker process and its authenticated channel; every failure becomes a verdict, never a hang.
-
-    The process is forked at construction, before this process holds a secret (the master seed, another
-    worker's key) or a CUDA context: the child inherits the imported modules (torch, inductor where
-    preloaded) instead of importing them again, and nothing a candidate could use. `start` then sends it
-    its key and config."""
-
-    def __init__(self) -> None:
-        if threading.active_count() > 1 or torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            raise RuntimeError("judge workers are forked: start them before any thread or CUDA context")
-        to_worker_r, to_worker_w = os.pipe()
-        to_orch_r, to_orch_w = os.pipe()
-        channel.widen_pipe(to_orch_w)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            worker.run_forked(to_worker_r, to_orch_w)
-        os.close(to_worker_r)
-        os.close(to_orch_w)
-        self.pid = pid
-        self.returncode: int | None = None
-        self.read_fd, self.write_fd = to_orch_r, to_worker_w
-        self.endpoint = channel.Endpoint(b"", to_orch_r, to_worker_w, is_worker=False)
-        self.phase = "build"
-        # Display only: the worker's count of finished timed trials, relayed to the CLI's progress bar.
-        self.on_progress: Callable[[int], None] | None = None
-        self.phase_start = time.monotonic()
-        self.deadline = time.monotonic()
-
-    def start(self, workspace: confinement.Workspace, config: protocol.WorkerConfig) -> None:
-        key = channel.new_key()
-        self.endpoint = channel.Endpoint(key, self.read_fd, self.write_fd, is_worker=False)
-        config = config.copy()
-        config["env"] = confinement.worker_env(workspace, config["device"])
-        config["log"] = str(workspace.log)
-        try:
-            channel.send_key(self.write_fd, key)
-            self.endpoint.send(config)
-        except BrokenPipeError:
-            pass
-
-    def enter(self, phase: str, limit: float, total_deadline: float) -> None:
-        self.phase = phase
-        self.phase_start = time.monotonic()
-        self.deadline = min(self.phase_start + limit, total_deadline)
-
-    def send(self, message: protocol.Command) -> None:
-        # A dead worker: the receive that follows reports how it ended.
-        with contextlib.suppress(BrokenPipeError):
-            self.endpoint.send(message)
-
-    # The worker's reply each step waits for: `expected` names the message kind, and its type follows.
-    @overload
-    def receive(self, expected: Literal["started"], result: JudgeVerdict) -> Reply[protocol.Started]: ...
-    @overload
-    def receive(self, expected: Literal["collected"], result: JudgeVerdict) -> Reply[protocol.Collected]: ...
-    @overload
-    def receive(self, expected: Literal["imported"], result: JudgeVerdict) -> Reply[protocol.Imported]: ...
-    @overload
-    def receive(self, expected: Literal["ready"], result: JudgeVerdict) -> Reply[protocol.Ready]: ...
-    @overload
-    def receive(
-        self, expected: Literal["trial_result"], result: JudgeVerdict
-    ) -> Reply[protocol.TrialResult]: ...
-    @overload
-    def receive(
-        self, expected: Literal["profile_result"], result: JudgeVerdict
-    ) -> Reply[protocol.ProfileResult]: ...
-    @overload
-    def receive(self, expected: Literal["bye"], result: JudgeVerdict) -> Reply[protocol.Bye]: ...
-
-    def receive(self, expected: str, result: JudgeVerdict) -> Reply[Any]:
-        """The next frame of type `expected`; anything else ends the run with the matching verdict. Its
-        fields are the worker's word (it runs candidate code): callers check what they rely on."""
-        header, blobs = self._frame(result)
-        kind = header.get("type")
-        while kind == "progress" and expected == "profile_result":
-            done = header.get("done")
-            if self.on_progress is not None and isinstance(done, int):
-                self.on_progress(done)
-            header, blobs = self._frame(result)
-            kind = header.get("type")
-        if kind == expected:
-            return header, blobs
-        self.kill()
-        if kind == "candidate_error":
-            if header.get("early_exit"):
-                result.violations.append(str(header["error"]))
-            else:
-                result.error = f"{header['error']} (in {self.phase})"
-        elif kind == "forged":
-            result.violations.append(
-                f"output-forged: {header.get('error')} (on the worker's command channel)"
-            )
-        elif kind == "task_error":
-            raise TaskFailure(str(header.get("error")))
-        elif kind == "judge_error":
-            result.error = f"judge error in {self.phase}: {header.get('error')}"
-        else:
-            result.violations.append(f"output-forged: unexpected message {kind!r} in {self.phase}")
-        raise RunStopped()
-
-    def _frame(self, result: JudgeVerdict) -> Reply[dict[str, Any]]:
-        """The next authenticated frame; a timeout, forgery or dead worker ends the run with its verdict."""
-        try:
-            return self.endpoint.receive(deadline=self.deadline)
-        except channel.ChannelTimeout:
-            self.kill()
-            result.error = f"timeout after {self.deadline - self.phase_start:.0f} s in {self.phase}"
-            raise RunStopped() from None
-        except channel.ChannelForged as exc:
-            self.kill()
-            result.violations.append(f"output-forged: {exc} (on the judge's channel, in {self.phase})")
-            raise RunStopped() from None
-        except channel.ChannelClosed:
-            rc = self.wait()
-            if rc == 0:
-                result.violations.append(f"early-exit: worker exited before reporting (in {self.phase})")
-            else:
-                result.error = f"crash: exit code {rc} in {self.phase}"
-            raise RunStopped() from None
-
-    def wait(self, timeout: float = 10.0) -> int:
-        """The worker's exit code (negative: killed by that signal); killed first if it outlives timeout."""
-        end = time.monotonic() + timeout
-        while self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-            elif time.monotonic() > end:
-                self.kill()
-            else:
-                time.sleep(0.005)
-        return self.returncode
-
-    def kill(self) -> None:
-        if self.returncode is not None:
-            return
-        for kill in (os.killpg, os.kill):  # the group once the child has called setsid, else the pid
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(self.pid, 9)
-        _, status = os.waitpid(self.pid, 0)
-        self.returncode = os.waitstatus_to_exitcode(status)
-
-    def close(self) -> None:
-        self.kill()
-        for fd in (self.read_fd, self.write_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-# --- the run ------------------------------------------------------------------------------------------------
 
 
 def read_master_seed(seed_file: Path | None) -> bytes:
@@ -545,6 +85,7 @@ class Orchestrator:
         # Phase events for the person at the terminal (cli.py): made here from this process's own
         # progress, never from anything the worker says.
         self.progress: Callable[[dict[str, Any]], None] | None = None
+        self.task_source = ""  # the task file's text, read by load_task
 
     def emit(self, phase: str, done: int | None = None, total: int | None = None) -> None:
         if self.progress is not None:
@@ -657,7 +198,7 @@ class Orchestrator:
         """Run the candidate's import once with a recording load_inline (a separate, confined process)."""
         session = self.spares.pop("collect")
         try:
-            session.start(workspace, self._worker_config("collect"))
+            session.start(workspace, self._worker_config("collect", workspace))
             session.enter("build", deadline - time.monotonic(), deadline)
             started, _ = session.receive("started", self.result)
             self.result.isolation.update({f"build_{k}": v for k, v in started["isolation"].items()})
@@ -674,7 +215,9 @@ class Orchestrator:
             raise RunStopped() from None
         return specs, note
 
-    def _worker_config(self, mode: protocol.WorkerMode) -> protocol.WorkerConfig:
+    def _worker_config(
+        self, mode: protocol.WorkerMode, workspace: confinement.Workspace
+    ) -> protocol.WorkerConfig:
         # The shared torch.compile cache: written only by judge workers before any candidate code runs.
         baseline_cache = self.cache.root / "baseline"
         baseline_cache.mkdir(mode=self.cache.dir_mode & 0o777, parents=True, exist_ok=True)
@@ -686,8 +229,8 @@ class Orchestrator:
             "compile_mode": self.cfg.compile_mode,
             "debug": bool(os.environ.get("CUDA_AGENT_JUDGE_DEBUG")),
             "baseline_cache": str(baseline_cache) if mode == "judge" else None,
-            "home": str(self.workspace.home),
-            "candidate_dir": str(self.workspace.candidate),
+            "home": str(workspace.home),
+            "candidate_dir": str(workspace.candidate),
             "task_source": self.task_source,
             "task_path": str(self.cfg.task),
         }
@@ -995,7 +538,7 @@ class Orchestrator:
         if not self.cfg.candidate.exists():
             raise UsageError(f"CANDIDATE {self.cfg.candidate} does not exist")
         try:
-            self.workspace = confinement.make_workspace(self.cfg.candidate)
+            workspace = confinement.make_workspace(self.cfg.candidate)
         except (OSError, ValueError) as exc:
             raise UsageError(f"cannot read CANDIDATE {self.cfg.candidate}: {exc}") from None
         try:
@@ -1003,17 +546,17 @@ class Orchestrator:
             # reference forwards or a worker it would never get.
             self.emit("screen")
             with self.step("screen"):
-                res.violations += self.screen(self.workspace)
-                confinement.seal(self.workspace.candidate)
+                res.violations += self.screen(workspace)
+                confinement.seal(workspace.candidate)
             if not res.violations and res.error is None:
-                self.judge_candidate(task, master)
+                self.judge_candidate(task, master, workspace)
         except RunStopped:
             pass
         finally:
             if os.environ.get("CUDA_AGENT_JUDGE_KEEP"):
-                res.notes.append(f"work directory kept (CUDA_AGENT_JUDGE_KEEP): {self.workspace.root}")
+                res.notes.append(f"work directory kept (CUDA_AGENT_JUDGE_KEEP): {workspace.root}")
             else:
-                self.workspace.cleanup()
+                workspace.cleanup()
         res.seconds.verify += res.steps_s.get("references", 0.0)
         if hash_judge_dir(JUDGE_DIR) != judge_hashes:
             res.violations.append("judge-tampered: the judge's files changed during the run")
@@ -1028,7 +571,7 @@ class Orchestrator:
         )
         return res
 
-    def judge_candidate(self, task: Any, master: bytes) -> None:
+    def judge_candidate(self, task: Any, master: bytes, workspace: confinement.Workspace) -> None:
         toolchain = build.detect_toolchain(self.cfg.device)
         if self.cfg.device == "cpu":
             # References and comparisons share the host's cores with the worker and other judges; with
@@ -1039,8 +582,8 @@ class Orchestrator:
         # the candidate builds on the CPU; it waits for "load", which is sent under the device lock.
         session = self.spares.pop("judge")
         try:
-            session.start(self.workspace, self._worker_config("judge"))
-            workspace_exts, inline_exts = self.build_candidate(self.workspace, toolchain)
+            session.start(workspace, self._worker_config("judge", workspace))
+            workspace_exts, inline_exts = self.build_candidate(workspace, toolchain)
             self.global_kernels = sorted({k for e in workspace_exts + inline_exts for k in e.kernels})
             # Everything that runs device work happens under the lock: the references, the trusted
             # compile of the baseline, the candidate's import (which may launch kernels), verify, profile.
