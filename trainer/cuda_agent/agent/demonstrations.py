@@ -78,7 +78,7 @@ def agent_config(run: TrainingRun) -> AgentConfig:
 
 
 def load_codec(run: TrainingRun) -> ChatCodec:
-    """The run's tokenizer and chat template with the run's tools (pvc:// resolved under CUDA_AGENT_PVC_ROOT)."""
+    """The run's tokenizer and chat template with the run's tools (pvc:// under CUDA_AGENT_PVC_ROOT)."""
     from transformers import AutoTokenizer
 
     from cuda_agent.trainer.models import local_model_dir
@@ -110,7 +110,9 @@ def tool_call(name: str, arguments: dict[str, Any]) -> str:
 
 def demonstration_replies(files: Mapping[str, str], max_turns: int) -> list[str]:
     """The policy's turns: write every solution file; then, if the run allows the turns, verify and stop."""
-    writes = "\n".join(tool_call("Write", {"file_path": path, "content": text}) for path, text in files.items())
+    writes = "\n".join(
+        tool_call("Write", {"file_path": path, "content": text}) for path, text in files.items()
+    )
     script = [
         "I will write ModelNew with a C++ extension that computes the whole forward in one pass.\n" + writes,
         "Now I check it.\n" + tool_call("Bash", {"command": "verify"}),
@@ -183,7 +185,7 @@ def problems(trajectory: Trajectory, min_reward: int) -> list[str]:
 
 def tampered(trajectory: Trajectory) -> bool:
     verdict = trajectory.verdict
-    return verdict is not None and any("judge-tampered" in v for v in verdict.violations + [verdict.summary])
+    return verdict is not None and any("judge-tampered" in v for v in [*verdict.violations, verdict.summary])
 
 
 def judged_episode(
@@ -213,7 +215,9 @@ def generate(
     run, pool = run_documents(run_file)
     config = agent_config(run)
     with tempfile.TemporaryDirectory(prefix="cuda-agent-pvc-") as pvc:
-        from cuda_agent.demo import prepare_pvc_root  # pvc://models and pvc://examples as the demo mounts them
+        from cuda_agent.demo import (
+            prepare_pvc_root,
+        )  # pvc://models and pvc://examples as the demo mounts them
 
         os.environ["CUDA_AGENT_PVC_ROOT"] = str(prepare_pvc_root(Path(pvc)))
         codec = load_codec(run)
