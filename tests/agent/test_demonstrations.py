@@ -41,7 +41,7 @@ def demonstrations_file() -> Path:
     assert uri is not None, f"{RUN_FILE}: spec.warmup.rft.trajectoriesUri is not set"
     location = parse_uri(uri)
     assert location.scheme == "pvc" and location.bucket == "examples", uri
-    return EXAMPLES / location.key
+    return Path(EXAMPLES) / location.key
 
 
 def shipped() -> list[Trajectory]:
