@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SOLUTIONS = REPO_ROOT / "examples" / "solutions"
-SERVER_START_S = 120.0
 
 
 def run_documents(path: Path) -> tuple[TrainingRun, SandboxPool | None]:
