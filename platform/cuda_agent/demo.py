@@ -211,14 +211,20 @@ def summary(run: dict[str, Any], seen: Observation, run_dir: Path, minio: LocalM
     return "\n".join(lines)
 
 
-def _trend(name: str, points: Sequence[tuple[int, float]]) -> str:
+def _trend(name: str, reports: Sequence[tuple[int, float]]) -> str:
+    # Step 0 reports come from warm-up, which trains on demonstrations: their reward is the
+    # demonstrations', not the policy's, so the trend is taken over PPO steps only.
+    warmup = [value for step, value in reports if step == 0]
+    points = [(step, value) for step, value in reports if step > 0]
+    prefix = f"{name}: warm-up (demonstrations) {warmup[-1]:.3f}; " if warmup else f"{name}: "
     if not points:
-        return f"{name}: never reported"
+        return f"{prefix}PPO never reported"
+    name = prefix + "PPO"
     first, last = points[0], points[-1]
     if len(points) == 1:
-        return f"{name}: {last[1]:.3f} at step {last[0]} (one report: no trend)"
+        return f"{name} {last[1]:.3f} at step {last[0]} (one report: no trend)"
     verdict = "rose" if last[1] > first[1] else "did not rise"
-    return f"{name}: {first[1]:.3f} at step {first[0]} -> {last[1]:.3f} at step {last[0]}: {verdict}"
+    return f"{name} {first[1]:.3f} at step {first[0]} -> {last[1]:.3f} at step {last[0]}: {verdict}"
 
 
 def _artifacts(minio: LocalMinio, run: dict[str, Any]) -> list[str]:
@@ -266,6 +272,9 @@ def run_demo(args: argparse.Namespace, cluster: LocalCluster) -> int:
     operator: subprocess.Popen[bytes] | None = None
     try:
         say("starting MinIO for the run's artifacts")
+        # A demo starts from nothing: no earlier demo's objects, run directories or logs.
+        for stale in (workdir / "minio", workdir / "runs"):
+            shutil.rmtree(stale, ignore_errors=True)
         minio = LocalMinio(workdir / "minio" / "data")
         minio.start()
         create_artifacts(cluster, minio)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -51,7 +52,8 @@ class KubernetesStatusWriter:
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
+            # Named explicitly: the client reads KUBECONFIG once, when it is first imported.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
         self._api = client.CustomObjectsApi()
         self._name, self._namespace = env.run_name, env.run_namespace
 

@@ -178,10 +178,10 @@ def test_cli_killed_mid_step_resumes_without_counting_an_episode_twice(
         "--rollout",
         "scripted_rollout:factory",
     ]
-    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert first.returncode == -9, first.stderr[-3000:]
     assert (tmp_path / "killed").exists()
-    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    second = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr
 
@@ -195,6 +195,8 @@ def test_cli_killed_mid_step_resumes_without_counting_an_episode_twice(
     assert [h["step"] for h in state.history if h["stage"] == "ppo"] == [1, 2, 3]
     phases = [json.loads(line)["progress"]["phase"] for line in status_file.read_text().splitlines()]
     assert phases[-1] == "Succeeded"
+    # The end-of-run report lands in the working directory (the run directory) and next to the checkpoints.
+    assert (tmp_path / "curves.png").exists() and (tmp_path / "ckpt" / "report" / "summary.json").exists()
 
 
 def test_cli_rejects_a_bad_run_file(tmp_path: Path) -> None:

@@ -63,3 +63,17 @@ def test_the_server_hashes_the_judge_with_the_contract(tmp_path: Path) -> None:
     (tmp_path / "judge.py").write_text("print(1)\n")
     assert judge_runner.hash_judge_dir is files.hash_judge_dir
     assert files.shipped_judge_files(tmp_path) == {"judge.py": "print(1)\n"}
+
+
+def test_the_operator_ships_the_frozen_cpp_files() -> None:
+    """Sessions in a pod copy frozen/binding.cpp and binding_registry.h from the shipped judge directory."""
+    from cuda_agent.sandbox.judge.files import (
+        FROZEN_FILES,
+        FROZEN_SUBDIR,
+        package_judge_dir,
+        shipped_judge_files,
+    )
+
+    shipped = shipped_judge_files(package_judge_dir())
+    for name in FROZEN_FILES:
+        assert f"{FROZEN_SUBDIR}/{name}" in shipped

@@ -258,8 +258,10 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
 
 def _run_context(context: OperatorContext, body: Manifest, spec: TrainingRunSpec) -> RunContext:
     meta = body["metadata"]
+    # The uid keeps a run recreated under the same name from resuming its predecessor's checkpoints
+    # (the trainer resumes from the newest checkpoint under its prefix after any restart).
     prefix = spec.checkpoint.prefix or (
-        f"s3://{context.config.artifacts_bucket}/{meta['namespace']}/{meta['name']}/checkpoints"
+        f"s3://{context.config.artifacts_bucket}/{meta['namespace']}/{meta['name']}/{meta['uid']}/checkpoints"
     )
     return RunContext(
         name=meta["name"],

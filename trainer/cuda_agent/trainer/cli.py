@@ -153,6 +153,7 @@ def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, st
         order=TaskOrder(load_tasks(spec.dataset.uri), spec.trainer.seed),
         suspend_requested=suspend_watch(path, env),
         resume_from=env.resume_from,
+        report_dir=Path.cwd(),
     )
     try:
         with span(Stage.RUN, run=env.run_name, namespace=env.run_namespace):

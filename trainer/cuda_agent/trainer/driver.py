@@ -26,6 +26,7 @@ from cuda_agent.storage import join_uri, open_store
 from cuda_agent.telemetry import Stage, span
 from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
 from cuda_agent.trainer.data import TaskOrder
+from cuda_agent.trainer.report import write_report
 from cuda_agent.trainer.rollout import Rollout, RolloutRequest, learnable, rft_filter
 from cuda_agent.trainer.step import (
     ActorRole,
@@ -82,6 +83,9 @@ class Trainer:
     suspend_requested: Callable[[], bool] = lambda: False
     resume_from: str | None = None
     rft_source: list[Trajectory] | None = None
+    # Where the end-of-run report (curves.png, summary.json) also lands on this machine; it always goes
+    # next to the checkpoints. `cuda-agent train` passes its working directory (the run directory).
+    report_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.spec = self.run.spec
@@ -105,6 +109,10 @@ class Trainer:
             }[stage]()
             self.state.completed_stages.append(stage)
             self._checkpoint()
+        report = write_report(self.state.history, self.checkpoints.prefix, self.report_dir)
+        trend = report["ppo_reward_rose"]
+        verdict = "too few PPO steps for a trend" if trend is None else ("rose" if trend else "did not rise")
+        log.info("run report under %s/report: PPO reward %s", self.checkpoints.prefix, verdict)
         self._report(TrainingRunPhase.SUCCEEDED, f"finished {self.state.ppo_step} PPO steps")
         return self.state
 

@@ -19,8 +19,9 @@ FROZEN_FILES = ("binding.cpp", "binding_registry.h")
 FROZEN_SUBDIR = "frozen"
 # Never part of the judge: bytecode caches (the judge never writes them; the interpreter may) and VCS data.
 SKIP_DIRS = frozenset({"__pycache__", ".git"})
-# What the operator ships in the judge ConfigMap (text only).
-SHIPPED_SUFFIXES = (".py", ".json", ".md")
+# What the operator ships in the judge ConfigMap (text only): the sources, and the frozen C++ files that
+# sessions copy into kernels/ (without .cpp/.h a pod's sessions would get no binding files).
+SHIPPED_SUFFIXES = (".py", ".json", ".md", ".cpp", ".h")
 
 
 def package_judge_dir() -> Path:
