@@ -20,16 +20,16 @@ from agent_helpers import EXAMPLES, smollm2_dir, start_sandbox
 from sandbox_helpers import RunningServer, cleanup
 
 from cuda_agent.agent import AgentLoop, Trajectory
-from cuda_agent.agent.demonstrations import agent_config, load_codec, run_documents, run_tasks
 from cuda_agent.rollout import SamplingParams
 from cuda_agent.rollout.replay import ReplayBackend
 from cuda_agent.sandbox.client import SandboxClient
 from cuda_agent.storage import parse_uri
+from cuda_agent.trainer.demonstrations import agent_config, load_codec, run_documents, run_tasks
 
 RUN_FILE = EXAMPLES / "trainingrun-local.yaml"
 REGENERATE = (
     "regenerate them (about a minute per task, see examples/trajectories/README.md): .venv/bin/python -m "
-    "cuda_agent.agent.demonstrations -f examples/trainingrun-local.yaml --tasks {tasks} -o {path}"
+    "cuda_agent.trainer.demonstrations -f examples/trainingrun-local.yaml --tasks {tasks} -o {path}"
 )
 WORKSPACE = re.compile(r"Your workspace is `([^`]+)`")
 

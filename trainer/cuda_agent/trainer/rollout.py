@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.api.run_contract import TrainerEnv
-from cuda_agent.api.trainingrun import TrainingRun
+from cuda_agent.api.trainingrun import TrainingRun, TrainingRunSpec
 from cuda_agent.sandbox.api import TaskRef
 from cuda_agent.trainer.weight_sync import NamedTensors, load_bucket
+
+if TYPE_CHECKING:
+    from cuda_agent.agent.chat import ChatCodec
 
 
 @dataclass(frozen=True)
@@ -39,23 +42,34 @@ class Rollout(Protocol):
     def update_weights(self, bucket: NamedTensors) -> Awaitable[None] | None: ...
 
 
+def run_codec(spec: TrainingRunSpec) -> ChatCodec:
+    """The run's tokenizer and chat template with the run's tools: what the policy sees, for rollouts and
+    for the demonstrations replayed for its warm-up alike."""
+    from transformers import AutoTokenizer
+
+    from cuda_agent.agent.chat import ChatCodec
+    from cuda_agent.agent.tools import openai_tools
+    from cuda_agent.trainer.models import local_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        local_model_dir(spec.model.base), gguf_file=spec.model.gguf_file
+    )
+    return ChatCodec(tokenizer, openai_tools(spec.agent.tools))
+
+
 class AgentRollout:
     """The agent loop on the transformers backend (one in-process copy of the policy) and the sandbox
     server named by CUDA_AGENT_SANDBOX_URL."""
 
     def __init__(self, run: TrainingRun, env: TrainerEnv) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
-        from cuda_agent.agent.chat import ChatCodec
-        from cuda_agent.agent.tools import openai_tools
-        from cuda_agent.trainer.models import load_pretrained, local_model_dir
+        from cuda_agent.trainer.models import load_pretrained
 
         if not env.sandbox_url:
             raise ValueError("the agent loop needs a sandbox server: set CUDA_AGENT_SANDBOX_URL")
         spec = run.spec
-        directory = local_model_dir(spec.model.base)
-        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=spec.model.gguf_file)
-        self.codec = ChatCodec(tokenizer, openai_tools(spec.agent.tools))
+        self.codec = run_codec(spec)
         self.model = load_pretrained(AutoModelForCausalLM, spec.model, spec.model.base, spec.trainer)
         self.model.train(False)
         self.sandbox_url = env.sandbox_url

@@ -7,7 +7,7 @@ run allows more turns, Bash `verify`, then stop), run against a sandbox server c
 SandboxPool with the real judge, tokenized with the run's model tokenizer and chat template, with the run's
 tools and limits (read from the run file, so they cannot drift). Each record carries the judge's reward.
 
-    python -m cuda_agent.agent.demonstrations -f examples/trainingrun-local.yaml \\
+    python -m cuda_agent.trainer.demonstrations -f examples/trainingrun-local.yaml \\
         --tasks relu_mul_add,row_sum -o examples/trajectories/local-demo.jsonl
 
 Log-probs of the replayed turns are 0.0 (nothing was sampled): fine for RFT's NLL loss and the critic's
@@ -37,14 +37,14 @@ import yaml
 from cuda_agent.agent.chat import ChatCodec
 from cuda_agent.agent.config import AgentConfig
 from cuda_agent.agent.loop import AgentLoop
-from cuda_agent.agent.tools import openai_tools
 from cuda_agent.agent.trajectory import Trajectory
-from cuda_agent.api.loader import load_resource
+from cuda_agent.api.loader import load_resource_file
 from cuda_agent.api.sandboxpool import SandboxPool
 from cuda_agent.api.trainingrun import TrainingRun
 from cuda_agent.rollout.base import SamplingParams
 from cuda_agent.rollout.replay import ReplayBackend
 from cuda_agent.sandbox.api import TaskRef
+from cuda_agent.trainer.rollout import run_codec
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +54,15 @@ SOLUTIONS = REPO_ROOT / "examples" / "solutions"
 
 def run_documents(path: Path) -> tuple[TrainingRun, SandboxPool | None]:
     """The TrainingRun of a run file and the SandboxPool it names, when the file defines it."""
-    documents = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, Mapping)]
-    runs = [d for d in documents if d.get("kind") == "TrainingRun"]
+    resources = load_resource_file(path)
+    runs = [r for r in resources if isinstance(r, TrainingRun)]
     if len(runs) != 1:
         raise ValueError(f"{path}: expected exactly one TrainingRun, found {len(runs)}")
-    run = load_resource(runs[0], TrainingRun, source_name=str(path))
-    pool_name = run.spec.sandbox_pool_ref.name
+    run = runs[0]
     pools = [
-        load_resource(d, SandboxPool, source_name=str(path))
-        for d in documents
-        if d.get("kind") == "SandboxPool" and (d.get("metadata") or {}).get("name") == pool_name
+        r
+        for r in resources
+        if isinstance(r, SandboxPool) and r.metadata.name == run.spec.sandbox_pool_ref.name
     ]
     return run, (pools[0] if pools else None)
 
@@ -78,13 +77,7 @@ def agent_config(run: TrainingRun) -> AgentConfig:
 
 def load_codec(run: TrainingRun) -> ChatCodec:
     """The run's tokenizer and chat template with the run's tools (pvc:// under CUDA_AGENT_PVC_ROOT)."""
-    from transformers import AutoTokenizer
-
-    from cuda_agent.trainer.models import local_model_dir
-
-    directory = local_model_dir(run.spec.model.base)
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=run.spec.model.gguf_file)
-    return ChatCodec(tokenizer, openai_tools(run.spec.agent.tools))
+    return run_codec(run.spec)
 
 
 def run_tasks(run: TrainingRun) -> list[TaskRef]:
@@ -247,7 +240,7 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cuda_agent.agent.demonstrations", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m cuda_agent.trainer.demonstrations", description=__doc__)
     parser.add_argument("-f", "--file", type=Path, required=True, help="run file (TrainingRun + SandboxPool)")
     parser.add_argument("--tasks", help="comma-separated task names (default: every task of the dataset)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="JSON-lines file to write")
