@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,14 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuda_agent.localcluster.binaries import ensure
+from cuda_agent.localhost import free_port
 
 STARTUP_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

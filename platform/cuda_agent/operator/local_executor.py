@@ -21,7 +21,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import yaml
 
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.localhost import free_port
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.operator.executor import DRIVER_MAX_RESTARTS, Compute, DriverState
@@ -167,13 +167,6 @@ def _traversable_temp_dir(prefix: str) -> Path:
     return path
 
 
-def _free_port() -> int:
-    # The sandbox keeps this port across restarts, so the trainer's CUDA_AGENT_SANDBOX_URL stays valid.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @dataclass
 class LocalRun:
     """What one run has on this machine."""
@@ -224,7 +217,8 @@ class LocalExecutor:
         key = (run.namespace, run.name)
         local = self.runs.get(key)
         if local is None:
-            local = LocalRun(self.directory(*key), f"http://127.0.0.1:{_free_port()}")
+            # The sandbox keeps this port across restarts: the trainer's CUDA_AGENT_SANDBOX_URL stays valid.
+            local = LocalRun(self.directory(*key), f"http://127.0.0.1:{free_port()}")
             self.runs[key] = local
         requeue = _requeue(context, run)
         try:

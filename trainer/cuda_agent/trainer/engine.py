@@ -8,7 +8,6 @@ scheduler). Plain torch serves machines without DeepSpeed (the GPU benchmark hos
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -17,13 +16,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from cuda_agent.localhost import free_port
+
 EngineBackend = Literal["deepspeed", "torch"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def init_distributed() -> None:

@@ -173,7 +173,7 @@ def _merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _free_port_on_node() -> int:
-    from cuda_agent.trainer.engine import free_port
+    from cuda_agent.localhost import free_port
 
     return free_port()
 
