@@ -40,10 +40,15 @@ class Stage(StrEnum):
     STEP = "step"
     EPISODE = "episode"
     TURN = "turn"
+    GENERATE = "generate"
     TOOL_CALL = "tool_call"
+    JUDGE = "judge"
+    JUDGE_RUN = "judge_run"
     BUILD = "build"
     VERIFY = "verify"
     PROFILE = "profile"
+    WEIGHT_SYNC = "weight_sync"
+    RECONCILE = "reconcile"
 
 
 def build_exporter(config: TelemetryConfig) -> SpanExporter | None:
