@@ -1,9 +1,12 @@
-"""Telemetry: OpenTelemetry traces (run > step > episode > turn > tool_call > build/verify/profile)
-and structured JSON logs that carry the trace context.
+"""Telemetry: OpenTelemetry traces (run > step > episode > turn > generate | tool_call | judge >
+judge_run > build | verify | profile), Prometheus metrics and structured JSON logs that carry the trace
+context. Every process (operator, sandbox server, trainer, its Ray workers) sets it up the same way:
 
-    configure_telemetry()                      # once, at process start (reads OTEL_* variables)
-    with span(Stage.EPISODE, task="relu"):     # anywhere below
+    configure_telemetry(service_name="cuda-agent-trainer")   # once, at process start (reads OTEL_*)
+    with span(Stage.EPISODE, task="relu"):                    # anywhere below
         log.info("episode started", extra={"turns": 0})
+
+docs/telemetry.md lists the spans, attributes, metrics and environment variables.
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from cuda_agent.telemetry.config import TelemetryConfig
 from cuda_agent.telemetry.logs import JsonLogFormatter, configure_logging
+from cuda_agent.telemetry.metrics import record_episode, record_step, serve_metrics
 from cuda_agent.telemetry.tracing import (
     ATTRIBUTE_PREFIX,
     Stage,
+    attached,
     build_exporter,
     configure_tracing,
+    inject_context,
+    past_span,
     span,
     span_attributes,
     tracer,
@@ -27,18 +34,32 @@ __all__ = [
     "JsonLogFormatter",
     "Stage",
     "TelemetryConfig",
+    "attached",
     "build_exporter",
     "configure_logging",
     "configure_telemetry",
     "configure_tracing",
+    "inject_context",
+    "past_span",
+    "record_episode",
+    "record_step",
+    "serve_metrics",
     "span",
     "span_attributes",
     "tracer",
 ]
 
 
-def configure_telemetry(config: TelemetryConfig | None = None) -> TracerProvider:
-    """Logging and tracing for a process entry point (operator, trainer, sandbox server)."""
-    config = TelemetryConfig.from_env() if config is None else config
-    configure_logging(config.log_level, config.log_format)
-    return configure_tracing(config)
+def configure_telemetry(
+    config: TelemetryConfig | None = None, *, service_name: str | None = None, logs: bool = True
+) -> TracerProvider:
+    """Logging (unless `logs` is False: a process that formats its own), tracing, and /metrics when
+    `config.metrics_port` is set, for a process entry point. `service_name` is the process's default
+    service name; OTEL_SERVICE_NAME overrides it."""
+    config = TelemetryConfig.from_env(service_name=service_name) if config is None else config
+    if logs:
+        configure_logging(config.log_level, config.log_format)
+    provider = configure_tracing(config)
+    if config.metrics_port:
+        serve_metrics(config.metrics_port)
+    return provider

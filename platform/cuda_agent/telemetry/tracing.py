@@ -1,18 +1,20 @@
 """OpenTelemetry tracing for the platform's unit of work, nested as
-run > step > episode > turn > tool_call > build | verify | profile.
+run > step > episode > turn > generate | tool_call | judge > judge_run > build | verify | profile.
 
 `span(Stage.EPISODE, task="relu_fused")` opens a child of whatever span is current, so the trainer,
-the agent loop and the judge client only name their own level.
+the agent loop and the sandbox server only name their own level. Between processes the context travels
+as W3C `traceparent` (HTTP headers, or a dict in Ray call arguments): `inject_context()` on the caller's
+side, `attached(carrier)` on the callee's.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 
-from opentelemetry import trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -52,7 +54,8 @@ class Stage(StrEnum):
 
 
 def build_exporter(config: TelemetryConfig) -> SpanExporter | None:
-    """The exporter `config` asks for: OTLP over HTTP, console (stderr, stdout stays for results) or none."""
+    """The exporter `config` asks for: OTLP over HTTP, console (stderr, stdout stays for results), a file
+    of JSON lines (one finished span per line), or none."""
     if config.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -60,6 +63,11 @@ def build_exporter(config: TelemetryConfig) -> SpanExporter | None:
         return OTLPSpanExporter(endpoint=config.traces_url)
     if config.exporter == "console":
         return ConsoleSpanExporter(out=sys.stderr)
+    if config.exporter == "file":
+        if not config.traces_file:
+            raise ValueError("traces exporter 'file' needs CUDA_AGENT_TRACES_FILE (traces_file)")
+        out = open(config.traces_file, "a", encoding="utf-8")  # noqa: SIM115 -- the exporter owns it
+        return ConsoleSpanExporter(out=out, formatter=lambda s: s.to_json(indent=None) + "\n")
     return None
 
 
@@ -78,8 +86,8 @@ def configure_tracing(
     provider = TracerProvider(resource=resource)
     exporter = build_exporter(config)
     if exporter is not None:
-        # Batching keeps network export off the hot path; the console is for humans, so print at once.
-        batch = config.exporter == "otlp"
+        # Batching keeps network and disk off the hot path; the console is for humans, so print at once.
+        batch = config.exporter in ("otlp", "file")
         provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
     for processor in processors:
         provider.add_span_processor(processor)
@@ -115,8 +123,41 @@ def span_attributes(values: Mapping[str, object]) -> dict[str, AttributeValue]:
 
 
 @contextmanager
-def span(name: str, **attributes: object) -> Iterator[trace.Span]:
+def span(
+    name: str, /, *, kind: trace.SpanKind = trace.SpanKind.INTERNAL, **attributes: object
+) -> Iterator[trace.Span]:
     """A child span of the current one. An exception leaving the block is recorded on the span and
     sets its status to ERROR, then propagates."""
-    with tracer().start_as_current_span(name, attributes=span_attributes(attributes)) as current:
+    with tracer().start_as_current_span(name, kind=kind, attributes=span_attributes(attributes)) as current:
         yield current
+
+
+def past_span(name: str, start_ns: int, end_ns: int, **attributes: object) -> None:
+    """A child of the current span for an interval that already ended elsewhere: the judge process
+    reports how long it built, verified and profiled, and the server records those phases as spans."""
+    done = tracer().start_span(name, start_time=start_ns, attributes=span_attributes(attributes))
+    done.end(end_time=max(start_ns, end_ns))
+
+
+def inject_context(carrier: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """The current trace context as W3C headers (`traceparent`, `tracestate`, `baggage`), added to
+    `carrier` (HTTP headers) or to a new dict (the argument of a Ray call); empty outside any span."""
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    if carrier is not None:
+        carrier.update(headers)
+    return headers
+
+
+@contextmanager
+def attached(carrier: Mapping[str, str] | None) -> Iterator[None]:
+    """Make the trace context a caller sent (inject_context's headers) current for the block, so spans
+    opened inside are its children; no carrier, or one without a context, leaves the current one."""
+    if not carrier:
+        yield
+        return
+    token = context.attach(propagate.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)

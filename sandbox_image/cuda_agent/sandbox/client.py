@@ -10,7 +10,8 @@
 Both speak the models of the contract module cuda_agent.sandbox.api (never a server module); a tool
 call takes the tool's name and its input as the model emitted it, and returns the tool's typed result.
 HTTP errors raise SandboxError with the server's message; tool failures are
-results (`is_error`), not exceptions.
+results (`is_error`), not exceptions. Every request carries the caller's trace context (W3C
+`traceparent`) when OpenTelemetry is installed, so the server's spans join the caller's trace.
 """
 
 from __future__ import annotations
@@ -75,6 +76,18 @@ def _tool_input(name: str, arguments: dict[str, Any] | BaseModel) -> tuple[str, 
     return f"tools/{name}", body, tool.result_model
 
 
+def _trace_headers() -> dict[str, str]:
+    """The current span's W3C trace context headers; {} outside a span or without OpenTelemetry (an
+    optional dependency of this client)."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return {}
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
 def _error_message(status: int, payload: bytes) -> SandboxError:
     try:
         message = json.loads(payload)["error"]
@@ -107,6 +120,7 @@ class SandboxClient:
     async def _call(self, method: str, path: str, body: BaseModel | None, out: type[M]) -> M:
         data = body.model_dump_json(by_alias=True, exclude_none=True) if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        headers.update(_trace_headers())
         async with self._http.request(method, f"{self.base_url}{path}", data=data, headers=headers) as resp:
             payload = await resp.read()
             if resp.status >= 400:
@@ -167,7 +181,7 @@ class SyncSandboxClient:
             f"{self.base_url}{path}",
             data=body,
             method=method,
-            headers={"Content-Type": "application/json"} if body else {},
+            headers={**({"Content-Type": "application/json"} if body else {}), **_trace_headers()},
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:

@@ -20,6 +20,9 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from aiohttp import web
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
@@ -47,10 +50,13 @@ from cuda_agent.sandbox.server.sessions import CapacityError, Session, SessionMa
 from cuda_agent.sandbox.server.tool_workers import ToolWorkers, cap_output
 from cuda_agent.sandbox.server.tools import TOOLS, Tool, ToolEnv
 from cuda_agent.sandbox.server.workspace_fs import ToolError
+from cuda_agent.telemetry import attached, span
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 32 << 20
+# Probes and scrapes every few seconds would bury the episodes' traces; they are not traced.
+UNTRACED_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json", "/v1/status"})
 BUSY_WINDOW_S = 60.0
 Handler = Callable[["SandboxServer", web.Request, Any], Awaitable[BaseModel | web.StreamResponse]]
 
@@ -108,6 +114,7 @@ class SandboxServer:
         self.started = time.monotonic()
         self.version = _package_version()
         self._busy_samples: list[deque[tuple[float, float]]] = [deque() for _ in range(gpus)]
+        self._scraped: ServerStatus | None = None  # the status a /metrics scrape reads, taken once per scrape
         self._register_gauges()
 
     # ------------------------------------------------------------------ status
@@ -164,7 +171,7 @@ class SandboxServer:
             gpus=gpus,
             build_cache_hits=int(m.counter_value("build_cache_hits_total")),
             build_cache_misses=int(m.counter_value("build_cache_misses_total")),
-            judge_runs_total=int(sum(m.counters.get("judge_runs_total", {}).values())),
+            judge_runs_total=int(m.counter_sum("judge_runs_total")),
             judge_intact=self.judge.intact,
             judge_zygote=self.judge.zygote_running,
             judge_zygote_preload=self.judge.zygote_preload,
@@ -185,33 +192,43 @@ class SandboxServer:
             "1 while judges are forked from a running zygote (0: exec'd, or the zygote is starting)",
             lambda: [({}, 1.0 if self.judge.zygote_running else 0.0)],
         )
+        m.gauge(
+            "judge_runs_in_flight",
+            "judge runs admitted and not finished (waiting for a judge slot or running)",
+            lambda: [({}, self.judge.waiting_for_slot + self.judge.running)],
+        )
+        # Read from the status taken once per scrape (render_metrics): it samples the GPU locks.
+        m.gauge(
+            "queued_judge_jobs",
+            "judge runs waiting for a judge slot or a GPU lock",
+            lambda: [({}, self._scrape().queued_judge_jobs)],
+        )
+        m.gauge(
+            "gpu_busy_fraction",
+            "share of the last minute the GPU lock was held",
+            lambda: [({"gpu": str(g.index)}, g.busy_fraction) for g in self._scrape().gpus],
+        )
+        m.gauge(
+            "gpu_lock_queue",
+            "judge runs waiting for this GPU",
+            lambda: [({"gpu": str(g.index)}, g.lock_queue) for g in self._scrape().gpus],
+        )
+        m.counter_callback(
+            "gpu_lock_wait_seconds_total",
+            "time spent waiting for this GPU's lock",
+            lambda: [({"gpu": str(g.index)}, g.lock_wait_total_s) for g in self._scrape().gpus],
+        )
 
-    def render_metrics(self) -> str:
-        st = self.status()
-        extra = [
-            "# HELP cuda_agent_sandbox_queued_judge_jobs judge runs waiting for a judge slot or a GPU lock",
-            "# TYPE cuda_agent_sandbox_queued_judge_jobs gauge",
-            f"cuda_agent_sandbox_queued_judge_jobs {st.queued_judge_jobs}",
-            "# HELP cuda_agent_sandbox_gpu_busy_fraction share of the last minute the GPU lock was held",
-            "# TYPE cuda_agent_sandbox_gpu_busy_fraction gauge",
-            *(
-                f'cuda_agent_sandbox_gpu_busy_fraction{{gpu="{g.index}"}} {g.busy_fraction:.6f}'
-                for g in st.gpus
-            ),
-            "# HELP cuda_agent_sandbox_gpu_lock_queue judge runs waiting for this GPU",
-            "# TYPE cuda_agent_sandbox_gpu_lock_queue gauge",
-            *(f'cuda_agent_sandbox_gpu_lock_queue{{gpu="{g.index}"}} {g.lock_queue}' for g in st.gpus),
-            "# HELP cuda_agent_sandbox_gpu_lock_wait_seconds_total time spent waiting for this GPU's lock",
-            "# TYPE cuda_agent_sandbox_gpu_lock_wait_seconds_total counter",
-            *(
-                f'cuda_agent_sandbox_gpu_lock_wait_seconds_total{{gpu="{g.index}"}} {g.lock_wait_total_s:.6f}'
-                for g in st.gpus
-            ),
-            "# HELP cuda_agent_sandbox_build_cache_hits judge builds served from the build cache",
-            "# TYPE cuda_agent_sandbox_build_cache_hits gauge",
-            f"cuda_agent_sandbox_build_cache_hits {st.build_cache_hits}",
-        ]
-        return self.metrics.render() + "\n".join(extra) + "\n"
+    def _scrape(self) -> ServerStatus:
+        return self._scraped if self._scraped is not None else self.status()
+
+    def render_metrics(self) -> bytes:
+        """/metrics: every family, the state-derived ones from one status snapshot."""
+        self._scraped = self.status()
+        try:
+            return self.metrics.render()
+        finally:
+            self._scraped = None
 
     # ------------------------------------------------------------------ handlers
 
@@ -223,13 +240,8 @@ class SandboxServer:
         return web.json_response(openapi_document(self.version))
 
     async def h_metrics(self, request: web.Request, body: None) -> web.StreamResponse:
-        text = await asyncio.to_thread(self.render_metrics)
-        return web.Response(
-            text=text,
-            content_type="text/plain",
-            charset="utf-8",
-            headers={"X-Content-Format": "prometheus-0.0.4"},
-        )
+        exposition = await asyncio.to_thread(self.render_metrics)
+        return web.Response(body=exposition, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def h_status(self, request: web.Request, body: None) -> ServerStatus:
         return await asyncio.to_thread(self.status)
@@ -333,7 +345,13 @@ class SandboxServer:
     async def h_tool(self, tool: Tool, request: web.Request, body: BaseModel) -> BaseModel:
         session = self.sessions.get(request.match_info["session_id"])
         async with self._admitted(session.session_id) as running, running:
-            return await self._run_tool(tool, session, body)
+            # A judge run the command starts (the session's `verify`/`profile` over the judge channel)
+            # belongs to this tool call's trace; the channel's own task carries no request context.
+            self.judge.tool_call_contexts[session.slot.index] = otel_context.get_current()
+            try:
+                return await self._run_tool(tool, session, body)
+            finally:
+                self.judge.tool_call_contexts.pop(session.slot.index, None)
 
     async def _run_tool(self, tool: Tool, session: Session, body: BaseModel) -> ToolResult:
         start = time.monotonic()
@@ -466,28 +484,47 @@ async def _parse_body(request: web.Request, model: type[BaseModel]) -> BaseModel
 
 
 def _wrap(server: SandboxServer, route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    name = f"{route.method} {route.path}"
+
     async def handle(request: web.Request) -> web.StreamResponse:
-        try:
-            body = None
-            if route.request is not None:
-                parsed = await _parse_body(request, route.request)
-                if isinstance(parsed, web.Response):
-                    return parsed
-                body = parsed
-            result = await route.handler(server, request, body)
-            if isinstance(result, web.StreamResponse):
-                return result
-            text = result.model_dump_json(by_alias=True)
-        except UnknownSessionError as exc:
-            return _error(404, f"unknown session {exc.args[0]!r}")
-        except HttpError as exc:
-            return _error(exc.status, str(exc))
-        except Exception as exc:  # the server keeps serving whatever one request does
-            log.exception("%s %s failed", route.method, route.path)
-            return _error(500, f"internal error: {type(exc).__name__}: {exc}")
-        return web.Response(text=text, status=route.status, content_type="application/json")
+        if route.path in UNTRACED_PATHS:
+            return await _respond(server, route, request)
+        # The caller's W3C traceparent makes this request's span a child of the caller's (the agent
+        # loop's tool call), so one trace follows an episode into this server and its judge.
+        with attached(request.headers), span(name, kind=SpanKind.SERVER) as current:
+            current.set_attribute("http.request.method", route.method)
+            current.set_attribute("http.route", route.path)
+            if "session_id" in request.match_info:
+                current.set_attribute("cuda_agent.session_id", request.match_info["session_id"])
+            response = await _respond(server, route, request)
+            current.set_attribute("http.response.status_code", response.status)
+            if response.status >= 500:
+                current.set_status(StatusCode.ERROR, f"answered {response.status}")
+            return response
 
     return handle
+
+
+async def _respond(server: SandboxServer, route: Route, request: web.Request) -> web.StreamResponse:
+    try:
+        body = None
+        if route.request is not None:
+            parsed = await _parse_body(request, route.request)
+            if isinstance(parsed, web.Response):
+                return parsed
+            body = parsed
+        result = await route.handler(server, request, body)
+        if isinstance(result, web.StreamResponse):
+            return result
+        text = result.model_dump_json(by_alias=True)
+    except UnknownSessionError as exc:
+        return _error(404, f"unknown session {exc.args[0]!r}")
+    except HttpError as exc:
+        return _error(exc.status, str(exc))
+    except Exception as exc:  # the server keeps serving whatever one request does
+        log.exception("%s %s failed", route.method, route.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+    return web.Response(text=text, status=route.status, content_type="application/json")
 
 
 def tool_list() -> ToolList:

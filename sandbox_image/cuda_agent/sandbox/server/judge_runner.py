@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span
 from pydantic import ValidationError
 
 from cuda_agent.sandbox.api import MAX_CANDIDATE_FILES
@@ -40,6 +42,7 @@ from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.models import Device, JudgeOptions, JudgeResult, JudgeRun, JudgeStage
 from cuda_agent.sandbox.server.procs import end_group, spawn
 from cuda_agent.sandbox.server.workspace_fs import remove_tree
+from cuda_agent.telemetry import Stage, past_span, span
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,9 @@ class JudgeService:
         self._slot_locks: dict[int, asyncio.Lock] = {}
         self.waiting_for_slot = 0
         self.running = 0
+        # Trace context of the tool call running in a session slot now (set by the server's tool handler):
+        # the parent of a judge run the agent's command starts over the session's judge channel.
+        self.tool_call_contexts: dict[int, otel_context.Context] = {}
 
     def prepare_dirs(self) -> None:
         group = self.isolation.judge_group if self.isolation.is_root else os.getgid()
@@ -122,6 +128,30 @@ class JudgeService:
     async def run(
         self,
         *,
+        stage: JudgeStage,
+        task_source: str,
+        candidate: Candidate,
+        device: Device,
+        gpu: int | None,
+        options: JudgeOptions,
+        slot: Slot,
+        cache_dir: Path | None,
+    ) -> JudgeRun:
+        """One judge run, traced as a `judge_run` span with the judge's build / verify / profile phases
+        as children (the judge process itself exports nothing: candidate code runs inside it)."""
+        parent = self.tool_call_contexts.get(slot.index)
+        token = otel_context.attach(parent) if parent is not None else None
+        try:
+            with span(Stage.JUDGE_RUN, stage=stage, device=device, gpu=gpu, slot=slot.index) as current:
+                run = await self._run(stage, task_source, candidate, device, gpu, options, slot, cache_dir)
+                _trace_run(current, run)
+                return run
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+    async def _run(
+        self,
         stage: JudgeStage,
         task_source: str,
         candidate: Candidate,
@@ -382,6 +412,37 @@ class JudgeService:
         if run.result is not None and run.result.build_cached is not None:
             name = "build_cache_hits_total" if run.result.build_cached else "build_cache_misses_total"
             self.metrics.inc(name, "judge builds served from (or missing) the build cache")
+
+
+def _trace_run(current: Span, run: JudgeRun) -> None:
+    """The run's outcome on its span, and the judge's phases (its `seconds`) as child spans laid end to
+    end from when the judge process started (after the queue wait)."""
+    current.set_attribute("cuda_agent.queue_wait_s", run.queue_wait_s)
+    current.set_attribute("cuda_agent.lock_wait_s", run.lock_wait_s)
+    if run.exit_code is not None:
+        current.set_attribute("cuda_agent.exit_code", run.exit_code)
+    result = run.result
+    if result is None:
+        current.set_attribute("cuda_agent.error", run.error or "no result")
+        return
+    current.set_attribute("cuda_agent.reward", result.reward)
+    start_ns = time.time_ns() - int(max(0.0, run.wall_s - run.queue_wait_s) * 1e9)
+    outcome: dict[str, dict[str, object]] = {
+        "build": {"compiled": result.compiled, "build_cached": result.build_cached},
+        "verify": {"correct": result.correct},
+        "profile": {
+            "speedup_vs_eager": result.speedup.get("eager"),
+            "speedup_vs_compile": result.speedup.get("compile"),
+        },
+    }
+    ran = {Stage.BUILD: True, Stage.VERIFY: result.compiled, Stage.PROFILE: result.correct}
+    for phase in (Stage.BUILD, Stage.VERIFY, Stage.PROFILE):
+        seconds = result.seconds.get(phase)
+        if seconds is None or not ran[phase]:
+            continue
+        end_ns = start_ns + int(seconds * 1e9)
+        past_span(phase, start_ns, end_ns, **outcome[phase])
+        start_ns = end_ns
 
 
 def verdict(stage: JudgeStage, code: int | None, stdout: bytes, stderr: bytes) -> JudgeRun:

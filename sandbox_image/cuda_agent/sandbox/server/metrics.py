@@ -1,101 +1,103 @@
-"""Counters and histograms rendered in the Prometheus text format (no client library needed)."""
+"""The sandbox server's Prometheus metrics, on prometheus_client.
+
+Each server has its own registry (tests start several in one process). Counters and histograms are
+created on first use under `cuda_agent_sandbox_<name>`, with the label names of that first use; gauges
+are read from callbacks at scrape time, so /metrics shows the server's state at that moment.
+"""
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import Literal
 
-Labels = tuple[tuple[str, str], ...]
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # Tool calls are milliseconds; judge runs and lock waits are seconds to minutes.
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
-
-def _labels(labels: dict[str, str]) -> Labels:
-    return tuple(sorted(labels.items()))
-
-
-def _fmt_labels(labels: Labels, extra: tuple[tuple[str, str], ...] = ()) -> str:
-    items = labels + extra
-    if not items:
-        return ""
-    body = ",".join(f'{k}="{_escape(v)}"' for k, v in items)
-    return "{" + body + "}"
+Samples = Iterable[tuple[dict[str, str], float]]
+CallbackKind = Literal["gauge", "counter"]
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class _Callbacks(Collector):
+    """Families whose samples come from functions called at scrape time."""
 
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.reads: dict[str, tuple[CallbackKind, str, Callable[[], Samples]]] = {}
 
-def _num(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
-        self.buckets = buckets
-        self.counts: dict[Labels, list[int]] = defaultdict(lambda: [0] * len(buckets))
-        self.sums: dict[Labels, float] = defaultdict(float)
-        self.totals: dict[Labels, int] = defaultdict(int)
-
-    def observe(self, value: float, **labels: str) -> None:
-        key = _labels(labels)
-        counts = self.counts[key]
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                counts[i] += 1
-        self.sums[key] += value
-        self.totals[key] += 1
+    def collect(self) -> Iterator[Metric]:
+        for name, (kind, help_text, read) in sorted(self.reads.items()):
+            samples = list(read())
+            labels = sorted({key for lbl, _ in samples for key in lbl})
+            family: GaugeMetricFamily | CounterMetricFamily
+            if kind == "gauge":
+                family = GaugeMetricFamily(self.prefix + name, help_text, labels=labels)
+            else:
+                family = CounterMetricFamily(self.prefix + name, help_text, labels=labels)
+            for lbl, value in samples:
+                family.add_metric([lbl.get(key, "") for key in labels], value)
+            yield family
 
 
 class Metrics:
-    """Metric families by name; gauges are read from callbacks at scrape time."""
+    """The server's metric families by short name (without the prefix or a counter's `_total`)."""
 
     PREFIX = "cuda_agent_sandbox_"
 
     def __init__(self) -> None:
-        self.counters: dict[str, dict[Labels, float]] = defaultdict(lambda: defaultdict(float))
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.counters: dict[str, Counter] = {}
         self.histograms: dict[str, Histogram] = {}
-        self.help: dict[str, str] = {}
-        self.gauges: dict[str, Callable[[], Iterable[tuple[dict[str, str], float]]]] = {}
+        self._callbacks = _Callbacks(self.PREFIX)
+        self.registry.register(self._callbacks)
+
+    def _counter(self, name: str, help_text: str, labels: Iterable[str]) -> Counter:
+        name = name.removesuffix("_total")
+        if name not in self.counters:
+            self.counters[name] = Counter(
+                self.PREFIX + name, help_text, sorted(labels), registry=self.registry
+            )
+        return self.counters[name]
 
     def inc(self, name: str, help_text: str, amount: float = 1.0, **labels: str) -> None:
-        self.help.setdefault(name, help_text)
-        self.counters[name][_labels(labels)] += amount
+        counter = self._counter(name, help_text, labels)
+        (counter.labels(**labels) if labels else counter).inc(amount)
 
     def counter_value(self, name: str, **labels: str) -> float:
-        return self.counters.get(name, {}).get(_labels(labels), 0.0)
+        """The counter's value for these labels (0 when it never counted); read from the counter, not
+        the registry, whose collection would call the gauges' callbacks."""
+        return sum(value for lbl, value in self._counter_samples(name) if lbl == labels)
+
+    def counter_sum(self, name: str) -> float:
+        """The counter's total over all its label values."""
+        return sum(value for _, value in self._counter_samples(name))
+
+    def _counter_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        short = name.removesuffix("_total")
+        counter = self.counters.get(short)
+        if counter is None:
+            return []
+        total = f"{self.PREFIX}{short}_total"
+        return [(s.labels, s.value) for m in counter.collect() for s in m.samples if s.name == total]
 
     def observe(self, name: str, help_text: str, value: float, **labels: str) -> None:
-        self.help.setdefault(name, help_text)
-        self.histograms.setdefault(name, Histogram()).observe(value, **labels)
+        if name not in self.histograms:
+            self.histograms[name] = Histogram(
+                self.PREFIX + name, help_text, sorted(labels), registry=self.registry, buckets=LATENCY_BUCKETS
+            )
+        histogram = self.histograms[name]
+        (histogram.labels(**labels) if labels else histogram).observe(value)
 
-    def gauge(
-        self, name: str, help_text: str, read: Callable[[], Iterable[tuple[dict[str, str], float]]]
-    ) -> None:
-        self.help[name] = help_text
-        self.gauges[name] = read
+    def gauge(self, name: str, help_text: str, read: Callable[[], Samples]) -> None:
+        self._callbacks.reads[name] = ("gauge", help_text, read)
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for name, read in sorted(self.gauges.items()):
-            full = self.PREFIX + name
-            lines += [f"# HELP {full} {self.help[name]}", f"# TYPE {full} gauge"]
-            lines += [f"{full}{_fmt_labels(_labels(lbl))} {_num(v)}" for lbl, v in read()]
-        for name, series in sorted(self.counters.items()):
-            full = self.PREFIX + name
-            lines += [f"# HELP {full} {self.help[name]}", f"# TYPE {full} counter"]
-            lines += [f"{full}{_fmt_labels(lbl)} {_num(v)}" for lbl, v in sorted(series.items())]
-        for name, hist in sorted(self.histograms.items()):
-            full = self.PREFIX + name
-            lines += [f"# HELP {full} {self.help[name]}", f"# TYPE {full} histogram"]
-            for lbl in sorted(hist.totals):
-                for bound, count in zip(hist.buckets, hist.counts[lbl], strict=True):
-                    lines.append(f"{full}_bucket{_fmt_labels(lbl, (('le', _num(bound)),))} {count}")
-                lines.append(f"{full}_bucket{_fmt_labels(lbl, (('le', '+Inf'),))} {hist.totals[lbl]}")
-                lines.append(f"{full}_sum{_fmt_labels(lbl)} {_num(hist.sums[lbl])}")
-                lines.append(f"{full}_count{_fmt_labels(lbl)} {hist.totals[lbl]}")
-        return "\n".join(lines) + "\n"
+    def counter_callback(self, name: str, help_text: str, read: Callable[[], Samples]) -> None:
+        """A counter kept elsewhere (a GPU lock's wait total), read at scrape time."""
+        self._callbacks.reads[name.removesuffix("_total")] = ("counter", help_text, read)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every family."""
+        return generate_latest(self.registry)
