@@ -1,0 +1,152 @@
+"""`cuda-agent eval`: judge existing solutions, or run a policy through the agent loop, over a task set.
+
+    cuda-agent eval --solutions examples/solutions --tasks examples/tasks --out eval-out [--device cuda]
+    cuda-agent eval --policy replay:replies.json --tokenizer DIR --tasks s3://bench/kernelbench/ --out ...
+
+Exit 0 when the run completed (whatever the rewards), 2 with one line on stderr for bad arguments or
+inputs (the message names the flag or file). docs/eval.md describes the layouts, metrics and outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"cuda-agent eval: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _words(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="cuda-agent eval", description="Evaluate solutions or a policy on a KernelBench-format task set."
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--solutions", type=Path, help="directory of existing solutions (no policy)")
+    source.add_argument(
+        "--policy", help="policy backend: replay:FILE, hf:DIR, openai:URL, openai-text:URL, openai-chat:URL"
+    )
+    p.add_argument(
+        "--tasks", required=True, help="task directory (levels as folders, or flat) or s3:// prefix"
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("eval-out"), help="results, report and plots (default eval-out)"
+    )
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--jobs", type=int, default=2, help="evaluations in flight (default 2)")
+    p.add_argument("--sandbox", dest="sandbox_url", help="sandbox server URL (default: local judges; "
+                   "for --policy a local server is started)")  # fmt: skip
+    p.add_argument("--level", type=_words, default=[], help="only these levels (comma-separated)")
+    p.add_argument("--only", type=_words, default=[], help="only these task names (comma-separated)")
+    p.add_argument("--trials", type=int, default=None, help="judge verify trials")
+    p.add_argument("--profile-trials", type=int, default=None, help="judge timed trials")
+    p.add_argument("--precision", choices=("strict-fp32", "tf32"), default="strict-fp32")
+    p.add_argument("--compile-mode", choices=("default", "max-autotune", "none"), default="default")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per evaluation (judge --timeout)")
+    p.add_argument(
+        "--fast-p", type=_floats, default=[0.0, 0.5, 0.8, 1.0, 1.5, 2.0], help="p values of fast_p"
+    )
+    p.add_argument("--margin", type=float, default=0.05, help="'faster' means speedup > 1 + margin")
+    p.add_argument(
+        "--suspicious", type=float, default=10.0, help="list correct speedups above this for review"
+    )
+    p.add_argument(
+        "--compare-allclose",
+        action="store_true",
+        help="also run refused candidates through a plain allclose harness (UNCONFINED)",
+    )
+    p.add_argument("--gpus", type=int, default=None, help="GPUs the evaluations shared (per-GPU-hour figure)")
+    p.add_argument("--no-progress", action="store_true")
+    policy = p.add_argument_group("policy options")
+    policy.add_argument("--tokenizer", type=Path, help="tokenizer + chat template directory of the policy")
+    policy.add_argument("--gguf-file", help="GGUF file name inside the model / tokenizer directory")
+    policy.add_argument("--model", help="model name an OpenAI-compatible server expects")
+    policy.add_argument(
+        "--max-turns", type=int, default=200, help="agent turns per episode (paper eval: 200)"
+    )
+    policy.add_argument("--max-tokens", type=int, default=4096, help="tokens per generation")
+    policy.add_argument("--temperature", type=float, default=0.0)
+    policy.add_argument("--policy-device", default="cpu", help="where an hf: model runs (cpu, cuda)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    from cuda_agent.eval.models import EvalConfig, JudgeSettings
+    from cuda_agent.eval.report import level_table
+
+    try:
+        cfg = EvalConfig(
+            tasks=args.tasks,
+            out_dir=args.out,
+            solutions=args.solutions,
+            policy=args.policy,
+            device=args.device,
+            jobs=args.jobs,
+            sandbox_url=args.sandbox_url,
+            judge=JudgeSettings(
+                trials=args.trials,
+                profile_trials=args.profile_trials,
+                precision=args.precision,
+                compile_mode=args.compile_mode,
+                timeout_s=args.timeout,
+            ),
+            levels=args.level,
+            only=args.only,
+            fast_p=args.fast_p,
+            margin=args.margin,
+            suspicious_speedup=args.suspicious,
+            compare_allclose=args.compare_allclose,
+            gpus=args.gpus,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "arguments"
+        print(f"cuda-agent eval: invalid {field}: {first['msg']}", file=sys.stderr)
+        return 2
+    options: dict[str, Any] = {
+        "spec": {"tokenizer": args.tokenizer, "gguf_file": args.gguf_file, "model": args.model},
+        "max_turns": args.max_turns,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "policy_device": args.policy_device,
+    }
+    from cuda_agent.eval import runner
+
+    try:
+        report = runner.run(cfg, progress=not args.no_progress, policy_options=options)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"cuda-agent eval: {exc}", file=sys.stderr)
+        return 2
+    print(f"report: {cfg.out_dir / 'report.md'} (json, levels.png, speedups.png beside it)")
+    if report.refused_allclose_accepts:
+        print(f"refused by our judge, accepted by allclose: {len(report.refused_allclose_accepts)}")
+        for flagged in report.refused_allclose_accepts:
+            print(f"  {flagged.key}: {flagged.reason}")
+    if report.suspicious:
+        keys = ", ".join(f.key for f in report.suspicious)
+        print(f"suspicious speedups (> {report.suspicious_speedup:g}x): {keys}")
+    print(level_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
