@@ -1,0 +1,309 @@
+"""Composers: stack 1-5 catalogue operators into one KernelBench-format task.
+
+Two implementations behind one interface (`Composer.compose(index) -> Sample`, deterministic in the
+composer's seed and the index, so a resumed run recomposes exactly the samples it skipped):
+- `ProgrammaticComposer`: shape- and dtype-driven, offline. It tracks the running tensor's shape, samples
+  an operator whose family accepts that rank, lets the family fill the arguments, and may feed binary
+  operators an earlier intermediate of the same shape (a residual) or a new input.
+- `LLMComposer`: asks a chat model (any OpenAI-compatible endpoint, or a rollout `ChatBackend`) to stack
+  sampled operators into a `Model`, and takes the fenced code block of its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import urllib.request
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from cuda_agent.data.catalogue import Catalogue, fit_plan
+from cuda_agent.data.families import SIZES, Plan, Shape, family_named
+from cuda_agent.data.records import CatalogueEntry, ComposerConfig, Sample, Verdict
+from cuda_agent.data.taskcode import AppliedOp, render_task
+
+# Starting layouts per scale: rank -> candidate sizes of each dimension.
+_LAYOUTS: dict[str, dict[int, tuple[tuple[int, ...], ...]]] = {
+    "small": {
+        2: ((8, 16, 32), (64, 128, 256)),
+        3: ((2, 4), (16, 32), (32, 64)),
+        4: ((2, 4), (4, 8, 16), (16, 32), (16, 32)),
+        5: ((2,), (4, 8), (8,), (8, 16), (8, 16)),
+    },
+    "full": {
+        2: ((1024, 2048, 4096), (1024, 2048, 4096)),
+        3: ((8, 16), (256, 512), (512, 1024)),
+        4: ((16, 32), (32, 64), (64, 128), (64, 128)),
+        5: ((8, 16), (16, 32), (16, 32), (32, 64), (32, 64)),
+    },
+}
+_RANK_WEIGHTS = {2: 0.3, 3: 0.25, 4: 0.35, 5: 0.1}
+# No tensor of a task may exceed this many elements (memory and runtime stay bounded).
+_MAX_ELEMENTS = {"small": 1 << 20, "full": 1 << 28}
+_ATTEMPTS_PER_OP = 30
+
+
+class Composer(Protocol):
+    name: str
+
+    def compose(self, index: int) -> Sample: ...
+
+
+def sample_id(seed: int, index: int) -> str:
+    return f"s{seed}-{index:07d}"
+
+
+def _data_source(entries: list[CatalogueEntry]) -> str:
+    source = "transformers" if any(e.source == "transformers" for e in entries) else "torch"
+    return f"{source}#{len(entries)}"
+
+
+def _op_count(rng: random.Random, weights: dict[int, float]) -> int:
+    counts = sorted(weights)
+    return rng.choices(counts, weights=[weights[c] for c in counts])[0]
+
+
+def _numel(shape: Shape) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total
+
+
+class ProgrammaticComposer:
+    """Offline composer: a random walk over the catalogue guided by the running tensor's shape."""
+
+    name = "programmatic"
+
+    def __init__(self, catalogue: Catalogue, config: ComposerConfig | None = None, seed: int = 0) -> None:
+        self.catalogue = catalogue
+        self.config = config or ComposerConfig()
+        self.seed = seed
+
+    def compose(self, index: int) -> Sample:
+        rng = random.Random(f"{self.seed}:{index}")
+        target = _op_count(rng, self.config.op_count_weights)
+        best: tuple[list[AppliedOp], list[tuple[str, Shape]]] | None = None
+        for _ in range(10):  # a layout that fits fewer ops than asked: try another start
+            ops, inputs = self._walk(rng, target)
+            if best is None or len(ops) > len(best[0]):
+                best = (ops, inputs)
+            if len(ops) == target:
+                break
+        assert best is not None
+        ops, inputs = best
+        if not ops:
+            return _failed(sample_id(self.seed, index), self.name, "no operator applies to any start layout")
+        entries = [op.entry for op in ops]
+        doc = "Fused operators: " + " -> ".join(e.name for e in entries)
+        return Sample(
+            id=sample_id(self.seed, index),
+            ops=[e.name for e in entries],
+            data_source=_data_source(entries),
+            code=render_task(ops, inputs, doc),
+            composer=self.name,
+        )
+
+    def _start_shape(self, rng: random.Random) -> Shape:
+        ranks = sorted(_RANK_WEIGHTS)
+        rank = rng.choices(ranks, weights=[_RANK_WEIGHTS[r] for r in ranks])[0]
+        return tuple(rng.choice(sizes) for sizes in _LAYOUTS[self.config.scale][rank])
+
+    def _walk(self, rng: random.Random, target: int) -> tuple[list[AppliedOp], list[tuple[str, Shape]]]:
+        sizes, limit = SIZES[self.config.scale], _MAX_ELEMENTS[self.config.scale]
+        values: list[Shape] = [self._start_shape(rng)]
+        inputs: list[tuple[int, Shape]] = [(0, values[0])]  # (value index, shape) of forward inputs
+        chosen: list[tuple[CatalogueEntry, Plan, int | None]] = []  # operand: value index or None
+        for step in range(target):
+            shape = values[-1]
+            candidates = self.catalogue.runnable_for(
+                len(shape), include_transformers=self.config.include_transformers
+            )
+            picked = None
+            for _ in range(_ATTEMPTS_PER_OP if candidates else 0):
+                entry = rng.choice(candidates)
+                plan = family_named(entry.family or "").rule(entry.name.rsplit(".", 1)[-1], shape, rng, sizes)
+                if plan is None or (plan.terminal and step < target - 1):
+                    continue
+                fitted = fit_plan(entry, plan)
+                if isinstance(fitted, str) or not fitted.out and not fitted.terminal:
+                    continue
+                if min(fitted.out, default=1) < 1 or _numel(fitted.out) > limit:
+                    continue
+                if fitted.operand is not None and _numel(fitted.operand) > limit:
+                    continue
+                picked = (entry, fitted)
+                break
+            if picked is None:
+                break
+            entry, fitted = picked
+            operand: int | None = None
+            if fitted.operand is not None:
+                earlier = [i for i, s in enumerate(values[:-1]) if s == fitted.operand]
+                if earlier and rng.random() < 0.5:
+                    operand = rng.choice(earlier)
+                else:
+                    values.append(fitted.operand)  # a new forward input, not an intermediate
+                    operand = len(values) - 1
+                    inputs.append((operand, fitted.operand))
+            chosen.append((entry, fitted, operand))
+            values.append(fitted.out)
+        return self._name_values(chosen, inputs, len(values))
+
+    @staticmethod
+    def _name_values(
+        chosen: list[tuple[CatalogueEntry, Plan, int | None]], inputs: list[tuple[int, Shape]], n_values: int
+    ) -> tuple[list[AppliedOp], list[tuple[str, Shape]]]:
+        """Spell values the way KernelBench tasks do (`x = op(x)`), naming only those read again later."""
+        input_ids = {i for i, _ in inputs}
+        referenced = {operand for _, _, operand in chosen if operand is not None}
+        names: dict[int, str] = {}
+        for value, _ in inputs[1:]:
+            names[value] = f"y{len(names) + 1}"
+        names[0] = "x0" if 0 in referenced else "x"
+        ops: list[AppliedOp] = []
+        current = 0
+        next_value = 1
+        for entry, plan, operand in chosen:
+            while next_value in input_ids:
+                next_value += 1
+            out = f"h{len(ops)}" if next_value in referenced else "x"
+            names[next_value] = out
+            y = names[operand] if operand is not None else None
+            ops.append(AppliedOp(entry, plan, names[current], y, out))
+            current = next_value
+            next_value += 1
+        return ops, [(names[i], shape) for i, shape in inputs]
+
+
+def _failed(sample: str, composer: str, why: str, ops: list[str] | None = None) -> Sample:
+    ops = ops or []
+    return Sample(
+        id=sample,
+        ops=ops,
+        data_source=f"torch#{len(ops)}",
+        code="",
+        composer=composer,
+        verdicts=[Verdict(filter="composed", passed=False, detail=why)],
+        rejected_by="composed",
+    )
+
+
+# -- LLM composer -----------------------------------------------------------------------------------------
+
+ChatFn = Callable[[list[dict[str, str]]], str]
+
+
+class EndpointConfig(BaseModel):
+    """An OpenAI-compatible chat completions endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str = Field(description="e.g. http://127.0.0.1:8000 (the /v1/chat/completions host)")
+    model: str
+    api_key: SecretStr | None = None
+    temperature: float = Field(default=0.7, ge=0)
+    max_tokens: int = Field(default=2048, ge=64)
+    timeout_s: float = Field(default=120.0, gt=0)
+
+
+def openai_chat(endpoint: EndpointConfig) -> ChatFn:
+    """A ChatFn over HTTP (standard library only, so it also runs where aiohttp is absent)."""
+
+    def chat(messages: list[dict[str, str]]) -> str:
+        body = {
+            "model": endpoint.model,
+            "messages": messages,
+            "temperature": endpoint.temperature,
+            "max_tokens": endpoint.max_tokens,
+        }
+        headers = {"Content-Type": "application/json"}
+        if endpoint.api_key is not None:
+            headers["Authorization"] = f"Bearer {endpoint.api_key.get_secret_value()}"
+        request = urllib.request.Request(
+            endpoint.base_url.rstrip("/") + "/v1/chat/completions", json.dumps(body).encode(), headers
+        )
+        with urllib.request.urlopen(request, timeout=endpoint.timeout_s) as response:
+            payload: dict[str, Any] = json.loads(response.read())
+        content: str = payload["choices"][0]["message"].get("content") or ""
+        return content
+
+    return chat
+
+
+def chat_backend(backend: Any, max_tokens: int = 2048, temperature: float = 0.7) -> ChatFn:
+    """A ChatFn over a rollout `ChatBackend` (e.g. rollout.openai_http.OpenAIChatBackend)."""
+    from cuda_agent.rollout.base import SamplingParams
+
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+
+    def chat(messages: list[dict[str, str]]) -> str:
+        generation = asyncio.run(backend.chat(list(messages), [], sampling))
+        return generation.text or ""
+
+    return chat
+
+
+SYSTEM_PROMPT = (
+    "You write PyTorch reference tasks in KernelBench format: a module-level `class Model(nn.Module)` "
+    "whose forward computes the result, `get_inputs()` returning a list of input tensors made with "
+    "torch.randn, and `get_init_inputs()` returning the constructor's arguments. No randomness inside "
+    "forward, no dropout, no printing. Answer with one ```python code block and nothing else."
+)
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+
+def extract_code(answer: str) -> str | None:
+    """The first fenced code block that defines a Model (or the first block at all), else None."""
+    blocks = _CODE_BLOCK.findall(answer)
+    for block in blocks:
+        if "class Model" in block:
+            return str(block).strip() + "\n"
+    return str(blocks[0]).strip() + "\n" if blocks else None
+
+
+class LLMComposer:
+    """Composer asking a chat model to fuse sampled operators into one task."""
+
+    name = "llm"
+
+    def __init__(
+        self, catalogue: Catalogue, chat: ChatFn, config: ComposerConfig | None = None, seed: int = 0
+    ) -> None:
+        self.catalogue = catalogue
+        self.chat = chat
+        self.config = config or ComposerConfig()
+        self.seed = seed
+        self._pool = sorted(
+            {e.name: e for e in catalogue.entries if e.status == "runnable" and e.source == "torch"}.values(),
+            key=lambda e: e.name,
+        )
+
+    def prompt(self, ops: list[CatalogueEntry], scale: str) -> list[dict[str, str]]:
+        listed = "\n".join(f"- {e.name} ({e.family})" for e in ops)
+        size = "a few hundred thousand elements" if scale == "small" else "tens of millions of elements"
+        user = (
+            f"Stack these {len(ops)} operators, in this order, into one Model whose forward applies "
+            f"them to its input(s) (insert reshapes only where shapes require it):\n{listed}\n"
+            f"Pick input shapes of {size} so that every operator's constraints hold."
+        )
+        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+    def compose(self, index: int) -> Sample:
+        rng = random.Random(f"{self.seed}:{index}")
+        count = _op_count(rng, self.config.op_count_weights)
+        ops = [rng.choice(self._pool) for _ in range(count)]
+        names = [e.name for e in ops]
+        ident = sample_id(self.seed, index)
+        try:
+            answer = self.chat(self.prompt(ops, self.config.scale))
+        except (OSError, ValueError, KeyError) as exc:  # transport errors, bad JSON, missing fields
+            return _failed(ident, self.name, f"endpoint error: {exc}", names)
+        code = extract_code(answer)
+        if code is None:
+            return _failed(ident, self.name, "the answer has no fenced code block", names)
+        return Sample(id=ident, ops=names, data_source=_data_source(ops), code=code, composer=self.name)
