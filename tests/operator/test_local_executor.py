@@ -119,7 +119,9 @@ def test_crashing_trainer_fails_the_run_with_its_exit_reason_and_a_finished_one_
 
     wait_for(lambda: status(namespace, "crash-run").get("phase") == "Failed", "the crashing run to fail")
     failed = namespace.condition("trainingrun/crash-run", "Failed")
-    assert failed is not None and failed["reason"] == "DriverFailed"
-    assert "3 times" in failed["message"] and "exit code 3" in failed["message"]
+    # runPolicy.backoffLimit 3 (the default): the fourth crash ends it; the log's tail is in the message.
+    assert failed is not None and failed["reason"] == "BackoffLimitExceeded"
+    assert "4 times" in failed["message"] and "exit code 3" in failed["message"]
+    assert "crashing on purpose" in failed["message"]
     wait_for(lambda: status(namespace, "finish-run").get("phase") == "Succeeded", "the finished run")
     assert status(namespace, "finish-run")["step"] == 3

@@ -39,6 +39,7 @@ def test_all_ready() -> None:
         "Ready": ("True", "AllReplicasReady"),
         "Scaling": ("False", "Stable"),
         "Degraded": ("False", "AsExpected"),
+        "LoadReported": ("Unknown", "NotRead"),
     }
     assert "activeSessions" not in result  # nobody was asked
 
@@ -64,6 +65,17 @@ def test_demand_is_reported_when_read() -> None:
     observed = PoolObservation(1, 2, 2, [pod(0), pod(1)], loads, STABLE, ())
     result = pool_status(POOL, observed, {}, NOW)
     assert (result["activeSessions"], result["queueDepth"]) == (3, 1)
+    assert conditions(result)["LoadReported"] == ("False", "PodsNotAnswering")
+
+
+def test_a_pool_whose_pods_do_not_answer_shows_unknown_load_not_zeros() -> None:
+    loads = [PodLoad("pool-0", None, None), PodLoad("pool-1", None, None)]
+    observed = PoolObservation(1, 2, 2, [pod(0), pod(1)], loads, STABLE, ())
+    result = pool_status(POOL, observed, {}, NOW)
+    assert "activeSessions" not in result and "queueDepth" not in result
+    reported = next(c for c in result["conditions"] if c["type"] == "LoadReported")
+    assert (reported["status"], reported["reason"]) == ("Unknown", "PodsNotAnswering")
+    assert "pool-0" in reported["message"] and "8470" in reported["message"]
 
 
 def test_draining_is_shown_on_the_scaling_condition() -> None:

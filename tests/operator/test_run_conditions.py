@@ -59,21 +59,50 @@ def test_blocked_run_names_the_reason() -> None:
 
 
 def test_checkpointing_is_not_yet_suspended() -> None:
+    # The trainer still trains while it writes its suspension checkpoint: the phase stays Running.
     phase, conditions = decide_conditions(state(suspend="checkpointing", step=12))
     suspended = next(c for c in conditions if c.type == "Suspended")
     assert (suspended.status, suspended.reason) == (False, "Checkpointing")
-    assert phase == "Pending"
+    assert phase == "Running"
 
 
-def driver(phase: str, restarts: int = 0, last_exit: str | None = None) -> PodView:
-    return PodView("run-driver", phase, phase == "Running", None, None, None, False, (), restarts, last_exit)
+def test_every_condition_says_why() -> None:
+    for changes in ({}, {"driver": "absent", "ray_ready": False}, {"driver": "complete"}):
+        _, conditions = decide_conditions(state(**changes))
+        assert all(c.message for c in conditions), conditions
+
+
+def test_a_run_that_does_not_fit_is_queued_with_the_reason() -> None:
+    waiting = Condition(RunCondition.ADMITTED, False, "InsufficientGPU", "waiting for 80 GPUs")
+    phase, conditions = decide_conditions(state(admission=waiting, driver="absent", ray_ready=False))
+    assert phase == "Queued"
+    provisioning = next(c for c in conditions if c.type == "Provisioning")
+    assert (provisioning.reason, provisioning.message) == ("Queued", "waiting for 80 GPUs")
+
+
+def test_a_failure_ends_the_run_with_its_own_reason() -> None:
+    oom = Condition(RunCondition.FAILED, True, "OOMKilled", "OOMKilled (exit 137)")
+    phase, conditions = decide_conditions(state(failure=oom, driver="failed"))
+    failed = next(c for c in conditions if c.type == "Failed")
+    assert (phase, failed.reason, failed.message) == ("Failed", "OOMKilled", "OOMKilled (exit 137)")
+
+
+def driver(
+    phase: str, restarts: int = 0, last_exit: str | None = None, exit_reason: str | None = None
+) -> PodView:
+    return PodView(
+        "run-driver", phase, phase == "Running", None, None, None, False, (), restarts, last_exit, exit_reason
+    )
 
 
 def test_driver_state_follows_the_driver_pod() -> None:
-    assert driver_state(None)[0] == "absent"
-    assert driver_state(driver("Pending"))[0] == "pending"
-    assert driver_state(driver("Running", restarts=2))[0] == "active"
-    assert driver_state(driver("Succeeded"))[0] == "complete"
-    state, message = driver_state(driver("Running", restarts=3, last_exit="Error (exit 1)"))
-    assert state == "failed" and "3 times" in message and "Error (exit 1)" in message
-    assert driver_state(driver("Failed", last_exit="Evicted: node lost"))[1].endswith("Evicted: node lost")
+    assert driver_state(None, 3)[0] == "absent"
+    assert driver_state(driver("Pending"), 3)[0] == "pending"
+    assert driver_state(driver("Running", restarts=3), 3)[0] == "active"
+    assert driver_state(driver("Succeeded"), 3)[0] == "complete"
+    state, message, reason = driver_state(driver("Running", 4, "Error (exit 1)", "Error"), 3)
+    assert (state, reason) == ("failed", "BackoffLimitExceeded")
+    assert "4 times" in message and "Error (exit 1)" in message
+    assert driver_state(driver("Running", 1, "OOMKilled (exit 137)", "OOMKilled"), 0)[2] == "OOMKilled"
+    evicted = driver_state(driver("Failed", last_exit="Evicted: node lost"), 3)
+    assert evicted[1].endswith("Evicted: node lost") and evicted[2] == "DriverPodFailed"

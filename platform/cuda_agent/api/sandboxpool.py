@@ -74,6 +74,7 @@ class SandboxPoolConditionType(StrEnum):
     READY = "Ready"
     SCALING = "Scaling"
     DEGRADED = "Degraded"
+    LOAD_REPORTED = "LoadReported"  # the pods answered GET /v1/status (Unknown: nobody asked or answered)
 
 
 class SeccompProfileType(StrEnum):

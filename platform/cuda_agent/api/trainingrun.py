@@ -7,6 +7,7 @@ warm-up, milestone reward with a 5% margin), so a spec needs to name only its mo
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -39,6 +40,7 @@ class TrainingRunPhase(StrEnum):
     """Coarse lifecycle position, for `kubectl get`; conditions carry the details."""
 
     PENDING = "Pending"
+    QUEUED = "Queued"  # waiting for its whole gang of GPUs (or for Kueue's admission)
     WARMING_UP = "WarmingUp"
     RUNNING = "Running"
     SUSPENDED = "Suspended"
@@ -49,6 +51,7 @@ class TrainingRunPhase(StrEnum):
 class TrainingRunConditionType(StrEnum):
     """The condition types the operator writes on a TrainingRun."""
 
+    ADMITTED = "Admitted"  # the run's whole gang of GPUs fits (or Kueue admitted it)
     PROVISIONING = "Provisioning"
     WARMING_UP = "WarmingUp"
     TRAINING = "Training"
@@ -433,6 +436,44 @@ class TrainerSpec(ApiModel):
     )
 
 
+class RunPolicySpec(ApiModel):
+    """When a run gives up: its deadline, how often its trainer may crash, how long its start may take.
+    Each ends the run as Failed with a reason that names the limit."""
+
+    cel_rules = (
+        CelRule(
+            "!has(self.activeDeadlineSeconds) || self.activeDeadlineSeconds > self.startTimeoutSeconds",
+            "spec.runPolicy.activeDeadlineSeconds must be greater than spec.runPolicy.startTimeoutSeconds",
+            field_path=".activeDeadlineSeconds",
+            check=lambda p: (
+                p.active_deadline_seconds is None or p.active_deadline_seconds > p.start_timeout_seconds
+            ),
+        ),
+    )
+
+    active_deadline_seconds: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=31_536_000,
+        description="Longest time a run may hold its GPUs, counted from status.startTime (its admission; "
+        "restarted on resume); then it is Failed with reason DeadlineExceeded. No limit when absent.",
+    )
+    backoff_limit: StrictInt = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Trainer (driver) restarts after a crash before the run is Failed with reason "
+        "BackoffLimitExceeded; the trainer resumes from status.lastCheckpoint after each.",
+    )
+    start_timeout_seconds: StrictInt = Field(
+        default=900,
+        ge=1,
+        le=86_400,
+        description="Longest time from admission until the Ray cluster is ready and the trainer runs "
+        "(pulling images, scheduling pods); then the run is Failed with reason StartTimeout.",
+    )
+
+
 class TrainingRunSpec(ApiModel):
     """Desired state of a TrainingRun."""
 
@@ -471,6 +512,7 @@ class TrainingRunSpec(ApiModel):
     resources: ResourcesSpec = section(ResourcesSpec, "GPUs and parallelism.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint cadence and location.")
     trainer: TrainerSpec = section(TrainerSpec, "Learner engine, memory and precision settings.")
+    run_policy: RunPolicySpec = section(RunPolicySpec, "Deadline, trainer restarts and start timeout.")
     suspend: StrictBool = Field(
         default=False, description="Stop the run's pods, keeping its last checkpoint; false resumes from it."
     )
@@ -501,6 +543,11 @@ class TrainingRunStatus(ApiModel):
     )
     phase: TrainingRunPhase | None = Field(default=None, description="Coarse lifecycle position.")
     conditions: list[Condition] = conditions_field()
+    start_time: datetime | None = Field(
+        default=None,
+        description="When the run was admitted and its compute started; runPolicy deadlines count from "
+        "it. Cleared while the run is queued or suspended.",
+    )
     step: StrictInt | None = Field(default=None, ge=0, description="PPO steps completed.")
     metrics: TrainingMetrics | None = Field(default=None, description="Metrics of the most recent step.")
     last_checkpoint: str | None = Field(

@@ -51,6 +51,9 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser.add_argument("--otel-endpoint", help="OTLP endpoint given to trainer pods")
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)"
+    )
+    parser.add_argument(
         "--executor",
         choices=("cluster", "local"),
         default="cluster",
@@ -79,6 +82,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         "status_endpoint_map": args.status_endpoint_map,
         "otel_endpoint": args.otel_endpoint,
         "liveness_endpoint": args.liveness_endpoint,
+        "metrics_port": args.metrics_port,
         "executor": args.executor,
     }
     annotations = []
@@ -120,6 +124,11 @@ async def run_operator(config: OperatorConfig, stop: asyncio.Event | None = None
     import kopf
 
     from cuda_agent.operator.handlers import build_registry
+    from cuda_agent.telemetry.config import TelemetryConfig
+    from cuda_agent.telemetry.tracing import configure_tracing
+
+    # Reconcile spans go where the standard OTEL_* variables say (nowhere when none is set).
+    configure_tracing(TelemetryConfig.from_env(service_name="cuda-agent-operator"))
 
     await kopf.operator(
         registry=build_registry(),

@@ -25,7 +25,7 @@ class Condition:
     """One condition as decided by a reconcile pass; `reason` is CamelCase, `message` is for people."""
 
     type: ConditionType
-    status: bool
+    status: bool | None  # None: Unknown (the operator could not find out)
     reason: str
     message: str = ""
 
@@ -55,7 +55,13 @@ def merge_conditions(
     merged: list[dict[str, Any]] = []
     seen: set[str] = set()
     for condition in decided:
-        status = ConditionStatus.TRUE if condition.status else ConditionStatus.FALSE
+        status = (
+            ConditionStatus.UNKNOWN
+            if condition.status is None
+            else ConditionStatus.TRUE
+            if condition.status
+            else ConditionStatus.FALSE
+        )
         before = previous.get(condition.type)
         kept = parse_rfc3339(before.get("lastTransitionTime")) if before is not None else None
         changed = before is None or before.get("status") != status

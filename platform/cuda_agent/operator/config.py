@@ -95,6 +95,9 @@ class OperatorConfig(BaseModel):
     liveness_endpoint: str | None = Field(
         default=None, description="Kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz."
     )
+    metrics_port: int = Field(
+        default=0, ge=0, le=65_535, description="Port of the operator's Prometheus /metrics; 0 turns it off."
+    )
 
     @field_validator("probe_networks")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -45,11 +46,15 @@ class OperatorContext:
     applied: dict[tuple[str, str, str], str] = field(default_factory=dict)
     # (kind, namespace, name) -> (monotonic time, status) of this process's last status write
     status_written: dict[Key, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    # Held from a run's capacity check until its pods exist, so two runs cannot both take the same GPUs.
+    admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    queued_runs: set[Key] = field(default_factory=set)  # TrainingRuns in phase Queued (a metric)
 
     def forget(self, key: Key) -> None:
         """Drop what the operator remembers about an object that was deleted."""
         self.histories.pop(key, None)
         self.status_written.pop(key, None)
+        self.queued_runs.discard(key)
 
     def owner(self, key: Key) -> Manifest | None:
         found = _values(self.owners, key)

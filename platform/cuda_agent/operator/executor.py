@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.apply import apply_changed
-from cuda_agent.operator.kube import Ref
+from cuda_agent.operator.kube import KubeError, Ref
 from cuda_agent.operator.run_children import (
     RunContext,
     driver_pod,
@@ -31,7 +31,10 @@ if TYPE_CHECKING:
     from cuda_agent.operator.context import OperatorContext
 
 DriverState = Literal["absent", "pending", "active", "complete", "failed"]
-DRIVER_MAX_RESTARTS = 3  # a trainer that crashed this often fails the run
+LOG_TAIL_LINES = 20  # of a failed trainer, copied into the Failed condition
+# Container states that will not fix themselves quickly; the start timeout names them as its reason.
+STUCK_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                 "CreateContainerError")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,14 @@ class Compute:
     driver: DriverState  # the trainer process
     driver_message: str
     starting_reason: str = "StartingRayCluster"  # Provisioning's reason while `ready` is False
+    failure_reason: str = "DriverFailed"  # CamelCase cause when `driver` is "failed", e.g. OOMKilled
+    stuck: tuple[str, str] | None = None  # (reason, message) of a pod that cannot start, e.g. Unschedulable
 
 
 class RunExecutor(Protocol):
     """The operations a reconcile pass asks of an executor; every call is idempotent (level-based)."""
+
+    gang_admission: bool  # whether a run's GPUs come from the cluster's nodes (checked before start)
 
     async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute: ...
 
@@ -60,6 +67,10 @@ class RunExecutor(Protocol):
         logs) stays, otherwise (suspension) it goes too, so resuming starts a new trainer."""
         ...
 
+    async def log_tail(self, context: OperatorContext, run: RunContext, lines: int) -> str:
+        """The last lines the (failed) trainer wrote, or why they cannot be read."""
+        ...
+
     def forget(self, namespace: str, name: str) -> None:
         """The run was deleted: stop whatever is left of it."""
         ...
@@ -69,19 +80,40 @@ class RunExecutor(Protocol):
         ...
 
 
-def driver_state(driver: PodView | None) -> tuple[DriverState, str]:
-    """(state, message) of the trainer driver pod."""
+def driver_state(driver: PodView | None, backoff_limit: int) -> tuple[DriverState, str, str]:
+    """(state, message, failure reason) of the trainer driver pod. The pod restarts a crashed trainer
+    in place (restartPolicy OnFailure); more than `backoff_limit` restarts fail the run."""
     if driver is None:
-        return "absent", "driver pod not created yet"
+        return "absent", "driver pod not created yet", ""
+    oom = driver.exit_reason == "OOMKilled"
     if driver.phase == "Succeeded":
-        return "complete", "trainer finished"
+        return "complete", "trainer finished", ""
     if driver.phase == "Failed":
-        return "failed", f"driver pod failed: {driver.last_exit or 'no reason given'}"
-    if driver.restarts >= DRIVER_MAX_RESTARTS:
-        return "failed", f"trainer exited with an error {driver.restarts} times; last: {driver.last_exit}"
+        # No container termination means the pod itself was ended (evicted, node lost, deadline).
+        reason = "OOMKilled" if oom else "DriverFailed" if driver.exit_reason else "DriverPodFailed"
+        return "failed", f"driver pod failed: {driver.last_exit or 'no reason given'}", reason
+    if driver.restarts > backoff_limit:
+        message = (
+            f"trainer crashed {driver.restarts} times, more than "
+            f"spec.runPolicy.backoffLimit={backoff_limit}; last: {driver.last_exit}"
+        )
+        return "failed", message, "OOMKilled" if oom else "BackoffLimitExceeded"
     if driver.phase == "Running" and not driver.terminating:
-        return "active", "trainer running"
-    return "pending", driver.unschedulable or "driver pod starting"
+        restarted = f" (restarted {driver.restarts}x; last: {driver.last_exit})" if driver.restarts else ""
+        return "active", f"trainer running{restarted}", ""
+    return "pending", driver.unschedulable or driver.waiting or "driver pod starting", ""
+
+
+def stuck_pod(pods: Sequence[PodView]) -> tuple[str, str] | None:
+    """(reason, message) of the first of a run's pods that cannot start by itself."""
+    for pod in pods:
+        if pod.terminating:
+            continue
+        if pod.unschedulable:
+            return "Unschedulable", f"pod {pod.name}: {pod.unschedulable}"
+        if pod.waiting_reason in STUCK_WAITING:
+            return str(pod.waiting_reason), f"pod {pod.name}: {pod.waiting}"
+    return None
 
 
 def ray_state(
@@ -103,8 +135,8 @@ def ray_state(
         if dict(p.labels).get(lb.COMPONENT) in (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER)
     ]
     ready = sum(1 for p in ray if p.ready and not p.terminating)
-    stuck = next((p.unschedulable for p in ray if p.unschedulable), None)
-    message = f"{ready}/{expected} Ray pods ready" + (f"; {stuck}" if stuck else "")
+    stuck = stuck_pod(ray)
+    message = f"{ready}/{expected} Ray pods ready" + (f"; {stuck[1]}" if stuck else "")
     return ready >= expected and expected > 0, message
 
 
@@ -130,17 +162,35 @@ class ClusterExecutor:
     """The trainer in pods: a Ray cluster (KubeRay's RayCluster, or head/worker pods the run owns) and a
     driver pod running `cuda-agent train`. Everything is read from the operator's watch indexes."""
 
+    gang_admission = True
+
     async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute:
         key = (lb.RUN_KIND, run.namespace, run.name)
         children, pods = context.children_of(key), context.pods_of(key)
         kuberay = await _kuberay_installed(context, children)
         view = next((p for p in pods if p.name == lb.driver_name(run.name) and not p.terminating), None)
-        driver, driver_message = driver_state(view)
+        driver, driver_message, failure = driver_state(view, spec.run_policy.backoff_limit)
         ready, ready_message = ray_state(
             kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec))
         )
         exists = bool(compute_children(children, pods, keep_driver=False))
-        return Compute(exists, ready, ready_message, driver, driver_message)
+        stuck = stuck_pod(pods)
+        return Compute(
+            exists, ready, ready_message, driver, driver_message, failure_reason=failure, stuck=stuck
+        )
+
+    async def log_tail(self, context: OperatorContext, run: RunContext, lines: int) -> str:
+        """From the kubelet, through the apiserver: the crashed container's log (`previous`) while the
+        pod restarts it, else the current one (a pod that ended)."""
+        pods = context.pods_of((lb.RUN_KIND, run.namespace, run.name))
+        view = next((p for p in pods if p.name == lb.driver_name(run.name)), None)
+        if view is None:
+            return "(no driver pod to read logs from)"
+        previous = view.phase not in ("Succeeded", "Failed")
+        try:
+            return await context.kube.pod_log(run.namespace, view.name, tail_lines=lines, previous=previous)
+        except (KubeError, TimeoutError, OSError) as error:
+            return f"(logs of pod {view.name} could not be read: {error})"
 
     async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
         """The Ray cluster, then (once it is up) the driver. Pods are created, never updated (their specs

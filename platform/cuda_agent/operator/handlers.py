@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
@@ -21,13 +22,17 @@ import kopf
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.operator.context import OperatorContext
+from cuda_agent.operator.events import Event, post
 from cuda_agent.operator.executor import ClusterExecutor, RunExecutor
 from cuda_agent.operator.kube import Kube, Manifest
 from cuda_agent.operator.local_executor import LocalExecutor
+from cuda_agent.operator.metrics import QUEUE_DEPTH, QUEUED_RUNS, RECONCILE_SECONDS, RECONCILES
 from cuda_agent.operator.pool_reconciler import reconcile_pool
 from cuda_agent.operator.run_reconciler import reconcile_run
 from cuda_agent.operator.views import ChildView, PodView
 from cuda_agent.operator.workqueue import Key, WorkQueue
+from cuda_agent.telemetry.metrics import serve_metrics
+from cuda_agent.telemetry.tracing import Stage, span
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +163,10 @@ async def start_workers(memo: kopf.Memo, **kwargs: Any) -> None:
         asyncio.create_task(memo.queue.work(_dispatcher(memo.context)), name=f"reconcile-worker-{i}")
         for i in range(config.workers)
     ]
+    QUEUE_DEPTH.set_function(lambda: memo.queue.depth)
+    QUEUED_RUNS.set_function(lambda: len(memo.context.queued_runs))
+    if config.metrics_port:
+        memo.metrics_server = serve_metrics(config.metrics_port)
 
 
 async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
@@ -166,6 +175,8 @@ async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
     await asyncio.gather(*memo.get("workers", []), return_exceptions=True)
     if "queue" in memo:
         memo.queue.cancel_timers()
+    if "metrics_server" in memo:
+        memo.metrics_server.shutdown()
     if "context" in memo:
         log.info("API writes by this operator: %s", json.dumps(dict(memo.context.kube.writes)))
         await memo.context.executor.close()
@@ -179,11 +190,29 @@ def _executor(config: OperatorConfig) -> RunExecutor:
 
 
 def _dispatcher(context: OperatorContext) -> Callable[[Key], Any]:
+    """One pass of `key` in a reconcile span, counted and timed; an error also becomes a Warning Event
+    on the object (the work queue logs it and retries with backoff)."""
+
     async def reconcile(key: Key) -> float | None:
         kind, namespace, name = key
-        if kind == lb.POOL_KIND:
-            return await reconcile_pool(context, namespace, name)
-        return await reconcile_run(context, namespace, name)
+        started = time.perf_counter()
+        try:
+            with span(Stage.RECONCILE, resource=kind, namespace=namespace, name=name):
+                if kind == lb.POOL_KIND:
+                    requeue = await reconcile_pool(context, namespace, name)
+                else:
+                    requeue = await reconcile_run(context, namespace, name)
+        except Exception as error:
+            RECONCILES.labels(kind, "error").inc()
+            body = context.owner(key)
+            if body is not None:
+                message = f"{type(error).__name__}: {error}; retrying in {context.queue.error_backoff:.0f} s"
+                await post(context, body, [Event(True, "ReconcileError", message)])
+            raise
+        finally:
+            RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
+        RECONCILES.labels(kind, "ok").inc()
+        return requeue
 
     return reconcile
 

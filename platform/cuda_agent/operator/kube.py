@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes.aio import config as aio_config
 from kubernetes.aio.client import ApiClient, Configuration
 
@@ -24,6 +25,7 @@ from cuda_agent.operator.labels import FIELD_MANAGER
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
 
+LOG_TIMEOUT_SECONDS = 5.0  # a node that does not serve logs must not hold up a reconcile pass
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 
@@ -38,6 +40,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "Deployment": ("apps/v1", "deployments"),
     "StatefulSet": ("apps/v1", "statefulsets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    "Node": ("v1", "nodes"),
     "Role": ("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
     "RayCluster": ("ray.io/v1", "rayclusters"),
@@ -117,28 +120,72 @@ class Kube:
         content_type: str = "application/json",
         query: list[tuple[str, str]] | None = None,
         counted: str = "",
+        accept: str = "application/json",
+        timeout: float | None = None,
     ) -> Manifest | None:
         """One HTTP round trip; None on 404, KubeError on any other failure."""
+        raw = await self._raw(
+            method, path, body=body, content_type=content_type, query=query, counted=counted,
+            accept=accept, timeout=timeout,
+        )  # fmt: skip
+        if raw is None:
+            return None
+        result: Manifest = json.loads(raw) if raw else {}
+        return result
+
+    async def _raw(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+        counted: str = "",
+        accept: str = "application/json",
+        timeout: float | None = None,
+    ) -> bytes | None:
         _, url, headers, _, _ = await self._api.param_serialize(
             method=method,
             resource_path=path,
             query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             auth_settings=["BearerToken"],
         )
-        response = await self._api.call_api(method, url, header_params=headers, body=body)
-        raw = await response.read()  # type: ignore[no-untyped-call]
+        response = await self._api.call_api(
+            method, url, header_params=headers, body=body, _request_timeout=timeout
+        )
+        raw: bytes = await response.read()  # type: ignore[no-untyped-call]
         if counted:
             self.writes[counted] += 1
         if response.status == 404:
             return None
         if not 200 <= response.status < 300:
             raise KubeError(response.status, method, path, _server_message(raw))
-        result: Manifest = json.loads(raw) if raw else {}
-        return result
+        return raw
 
     async def get(self, ref: Ref) -> Manifest | None:
         return await self._request("GET", object_path(ref))
+
+    async def list(
+        self, api_version: str, plural: str, *, namespace: str | None = None, field_selector: str = ""
+    ) -> list[Manifest]:
+        """Every object of a type (cluster-wide without a namespace), e.g. nodes or running pods."""
+        prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        path = collection_path(api_version, plural, namespace) if namespace else f"{prefix}/{plural}"
+        query = [("fieldSelector", field_selector)] if field_selector else []
+        listing = await self._request("GET", path, query=query)
+        return list((listing or {}).get("items") or [])
+
+    async def pod_log(self, namespace: str, pod: str, *, tail_lines: int, previous: bool) -> str:
+        """The last lines a pod's (previous, i.e. crashed) container wrote; the kubelet serves them."""
+        query = [("tailLines", str(tail_lines)), ("previous", "true" if previous else "false")]
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
+        try:
+            raw = await self._raw("GET", path, query=query, accept="text/plain", timeout=LOG_TIMEOUT_SECONDS)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise KubeError(0, "GET", path, f"{type(error).__name__}: {error}") from error
+        return (raw or b"").decode(errors="replace")
 
     async def apply(self, manifest: Manifest) -> Manifest:
         """Server-side apply of a whole child; `force` because these fields belong to the operator."""

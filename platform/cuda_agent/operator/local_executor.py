@@ -35,7 +35,7 @@ from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.config import OperatorConfig
-from cuda_agent.operator.executor import DRIVER_MAX_RESTARTS, Compute, DriverState
+from cuda_agent.operator.executor import Compute, DriverState
 from cuda_agent.operator.kube import KubeError, Ref
 from cuda_agent.operator.pool_children import server_config
 from cuda_agent.operator.run_children import RunContext, run_config, trainer_env
@@ -185,6 +185,8 @@ class LocalRun:
 class LocalExecutor:
     """Runs each TrainingRun's sandbox server and trainer as supervised local processes."""
 
+    gang_admission = False  # the trainer runs on this machine, not on the cluster's GPU nodes
+
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
         self.runs: dict[tuple[str, str], LocalRun] = {}
@@ -210,7 +212,22 @@ class LocalExecutor:
                 f" (last {sandbox.last_exit}; log {sandbox.log_path})" if sandbox.last_exit else ""
             )
         driver, driver_message = trainer_state(trainer)
-        return Compute(exists, ready, ready_message, driver, driver_message, STARTING)
+        return Compute(
+            exists,
+            ready,
+            ready_message,
+            driver,
+            driver_message,
+            STARTING,
+            failure_reason="BackoffLimitExceeded",
+        )
+
+    async def log_tail(self, context: OperatorContext, run: RunContext, lines: int) -> str:
+        path = self.directory(run.namespace, run.name) / "trainer.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as error:
+            return f"(trainer log {path} could not be read: {error})"
 
     async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
         """The sandbox server, then (once it answers) the trainer."""
@@ -231,7 +248,7 @@ class LocalExecutor:
                     local.health.cancel()
                 local.health = asyncio.create_task(_watch_health(local, requeue))
             if local.sandbox_ready and (local.trainer is None or local.trainer.state == "stopped"):
-                local.trainer = await self._trainer(context, local, run, requeue)
+                local.trainer = await self._trainer(context, local, run, spec, requeue)
                 local.trainer.start()
         except (KubeError, OSError, ValueError) as error:
             return [f"local executor: {error}"]
@@ -268,7 +285,12 @@ class LocalExecutor:
         )
 
     async def _trainer(
-        self, context: OperatorContext, local: LocalRun, run: RunContext, requeue: Callable[[], None]
+        self,
+        context: OperatorContext,
+        local: LocalRun,
+        run: RunContext,
+        spec: TrainingRunSpec,
+        requeue: Callable[[], None],
     ) -> Supervised:
         """`cuda-agent train -f run.yaml` with a driver pod's run file, environment and identity."""
         body = context.owner((lb.RUN_KIND, run.namespace, run.name)) or {}
@@ -289,7 +311,7 @@ class LocalExecutor:
             log_path=local.directory / "trainer.log",
             on_change=requeue,
             backoff=self.config.restart_backoff,
-            max_restarts=DRIVER_MAX_RESTARTS,
+            max_restarts=spec.run_policy.backoff_limit + 1,  # the crash after the last allowed restart
             cwd=local.directory,
         )
 

@@ -26,6 +26,7 @@ from cuda_agent.operator.conditions import Condition, merge_conditions, rfc3339
 from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.demand import probe_pods
 from cuda_agent.operator.drain import DrainPlan, plan_drain
+from cuda_agent.operator.events import changed_fields, condition_events, log_pass, post
 from cuda_agent.operator.kube import Manifest, Ref
 from cuda_agent.operator.pool_children import (
     PoolIdentity,
@@ -118,6 +119,9 @@ def pool_status(
         scaling = Condition(PoolCondition.SCALING, False, "Stable", f"{desired} sandbox pods")
     degraded = _degraded(observed.problems, unschedulable, observed.warnings)
     demand = Demand.of(observed.loads) if observed.loads is not None else None
+    reported = _load_reported(observed.loads)
+    if demand is not None and observed.loads and demand.silent_pods == len(observed.loads):
+        demand = None  # no pod answered: the counts are unknown, not zero
     status = SandboxPoolStatus(
         observed_generation=observed.generation,
         replicas=len(live),
@@ -128,11 +132,40 @@ def pool_status(
     ).model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"conditions"})
     status["conditions"] = merge_conditions(
         previous.get("conditions"),
-        [ready_condition, scaling, degraded],
+        [ready_condition, scaling, degraded, reported],
         generation=observed.generation,
         now=now,
     )
     return status
+
+
+def _load_reported(loads: Sequence[PodLoad] | None) -> Condition:
+    """Whether the status's session and queue counts cover every running pod."""
+    if loads is None:
+        return Condition(
+            PoolCondition.LOAD_REPORTED, None, "NotRead",
+            "the pool is neither autoscaled nor shrinking, so its pods are not asked for their load",
+        )  # fmt: skip
+    if not loads:
+        return Condition(PoolCondition.LOAD_REPORTED, None, "NoRunningPods", "no running sandbox pod to ask")
+    silent = [load.pod for load in loads if not load.answered]
+    if not silent:
+        return Condition(
+            PoolCondition.LOAD_REPORTED, True, "AllPodsAnswered", f"{len(loads)} pods reported their load"
+        )
+    advice = (
+        "check those pods' logs and that the operator reaches port 8470 (the pool's NetworkPolicy, "
+        "--probe-network); the autoscaler counts them as idle for scale-up and busy for scale-down"
+    )
+    names = ", ".join(silent[:8]) + (" ..." if len(silent) > 8 else "")
+    if len(silent) == len(loads):
+        message = f"none of the {len(loads)} running pods answered GET /v1/status ({names}): load unknown; "
+        return Condition(PoolCondition.LOAD_REPORTED, None, "PodsNotAnswering", message + advice)
+    message = (
+        f"{len(silent)}/{len(loads)} running pods did not answer GET /v1/status ({names}); the counts "
+        f"cover the others; "
+    )
+    return Condition(PoolCondition.LOAD_REPORTED, False, "PodsNotAnswering", message + advice)
 
 
 def _degraded(
@@ -153,7 +186,7 @@ def _degraded(
         )
     if warnings:
         return warnings[0]
-    return Condition(PoolCondition.DEGRADED, False, "AsExpected", "")
+    return Condition(PoolCondition.DEGRADED, False, "AsExpected", "no problem found")
 
 
 def _transitions(status: Mapping[str, Any]) -> set[tuple[Any, ...]]:
@@ -188,7 +221,19 @@ async def _write_status(
     cleared = {field: None for field in DEMAND_FIELDS if field in previous and field not in status}
     await context.kube.merge_patch(ref, {"status": {**status, **cleared}}, subresource="status")
     context.status_written[key] = (time.monotonic(), status)
+    before = written or previous
+    await post(context, body, condition_events(before, status, _is_problem))
+    log_pass(ref.kind, ref.namespace, ref.name, **changed_fields(before, status))
     return None
+
+
+def _is_problem(condition: Mapping[str, Any]) -> bool:
+    """Degraded, or pods that do not say how busy they are: worth a Warning Event."""
+    if condition.get("type") == PoolCondition.DEGRADED:
+        return condition.get("status") == "True"
+    return (
+        condition.get("type") == PoolCondition.LOAD_REPORTED and condition.get("reason") == "PodsNotAnswering"
+    )
 
 
 async def _autoscale(

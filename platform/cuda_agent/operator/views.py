@@ -35,6 +35,14 @@ class PodView:
     labels: tuple[tuple[str, str], ...]
     restarts: int = 0  # container restarts (the driver fails the run after too many)
     last_exit: str | None = None  # why a container last terminated, e.g. "Error (exit 1)"
+    exit_reason: str | None = None  # the kubelet's reason of that termination, e.g. "OOMKilled"
+    waiting: str | None = None  # why a container is not running, e.g. "ImagePullBackOff: Back-off ..."
+    node: str | None = None  # where the scheduler placed it
+    gpus: int = 0  # nvidia.com/gpu requested by its containers
+
+    @property
+    def waiting_reason(self) -> str | None:
+        return self.waiting.split(":", 1)[0] if self.waiting else None
 
     @property
     def ordinal(self) -> int | None:
@@ -63,6 +71,10 @@ class PodView:
             labels=tuple(sorted((meta.get("labels") or {}).items())),
             restarts=sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or ()),
             last_exit=_last_exit(status),
+            exit_reason=_exit_reason(status),
+            waiting=_waiting(status),
+            node=(body.get("spec") or {}).get("nodeName") or None,
+            gpus=pod_gpus(body),
         )
 
     @property
@@ -70,15 +82,54 @@ class PodView:
         return dict(self.labels).get(COMPONENT)
 
 
-def _last_exit(status: Mapping[str, Any]) -> str | None:
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def pod_gpus(body: Mapping[str, Any], resource: str = GPU_RESOURCE) -> int:
+    """GPUs a pod holds on its node: the sum of its containers' requests (limits when no request)."""
+    total = 0
+    for container in (body.get("spec") or {}).get("containers") or ():
+        resources = container.get("resources") or {}
+        value = (resources.get("requests") or {}).get(resource) or (resources.get("limits") or {}).get(
+            resource
+        )
+        try:
+            total += int(value or 0)
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
+def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for container in status.get("containerStatuses") or ():
-        terminated = (container.get("lastState") or {}).get("terminated") or (
-            container.get("state") or {}
+        terminated = (container.get("state") or {}).get("terminated") or (
+            container.get("lastState") or {}
         ).get("terminated")
         if terminated:
-            message = str(terminated.get("message") or "").strip()
-            reason = f"{terminated.get('reason', 'Terminated')} (exit {terminated.get('exitCode')})"
-            return f"{reason}: {message[:500]}" if message else reason
+            return dict(terminated)
+    return None
+
+
+def _exit_reason(status: Mapping[str, Any]) -> str | None:
+    terminated = _terminated(status)
+    return str(terminated.get("reason") or "Error") if terminated else None
+
+
+def _waiting(status: Mapping[str, Any]) -> str | None:
+    for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
+        waiting = (container.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+            message = str(waiting.get("message") or "").strip()
+            return f"{waiting['reason']}: {message[:500]}" if message else str(waiting["reason"])
+    return None
+
+
+def _last_exit(status: Mapping[str, Any]) -> str | None:
+    terminated = _terminated(status)
+    if terminated:
+        message = str(terminated.get("message") or "").strip()
+        reason = f"{terminated.get('reason', 'Terminated')} (exit {terminated.get('exitCode')})"
+        return f"{reason}: {message[:500]}" if message else reason
     if status.get("reason"):
         return f"{status['reason']}: {status.get('message', '')}"
     return None

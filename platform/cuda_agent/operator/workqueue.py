@@ -29,6 +29,11 @@ class WorkQueue:
     _timers: dict[Key, asyncio.TimerHandle] = field(default_factory=dict)
     _open: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def depth(self) -> int:
+        """Objects marked dirty and not yet taken by a worker."""
+        return len(self._dirty)
+
     def open(self) -> None:
         """Let workers start. Until then keys only collect: a pass must not run on half-filled
         watch indexes (a StatefulSet missing from them would look like one to create from scratch)."""

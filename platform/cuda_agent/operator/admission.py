@@ -1,0 +1,136 @@
+"""All-or-nothing admission of a TrainingRun's GPUs: a run starts only when its whole gang fits.
+
+Without it, two runs that each need most of the cluster each get some of their workers placed and wait
+forever for the rest. Where the ecosystem's queueing is installed the operator leaves the decision to it:
+a run labelled `kueue.x-k8s.io/queue-name` on a cluster that serves Kueue's Workload API is admitted by
+Kueue (which suspends the run until its quota is reserved, then sets `spec.suspend: false`). Otherwise the
+operator checks capacity itself: node allocatable GPUs minus the requests of the pods bound to each node,
+and minus the pending pods of runs it admitted a moment ago (their pods are not bound yet); the run's
+Ray workers must all fit, first-fit-decreasing. A run that does not fit stays Queued and is checked again
+every sync period and whenever one of its own objects changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
+from cuda_agent.operator import labels as lb
+from cuda_agent.operator.conditions import Condition
+from cuda_agent.operator.kube import Kube, Manifest
+from cuda_agent.operator.views import GPU_RESOURCE, pod_gpus
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_API = ("kueue.x-k8s.io/v1beta1", "workloads")
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """GPUs free per schedulable node, and GPUs promised to admitted gangs whose pods are not bound."""
+
+    free: Mapping[str, int]
+    promised: Sequence[int]  # per pod
+    total: int  # allocatable GPUs of the schedulable nodes
+
+
+def _schedulable(node: Manifest) -> bool:
+    spec, status = node.get("spec") or {}, node.get("status") or {}
+    if spec.get("unschedulable"):
+        return False
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ()
+    )
+    # Trainer pods tolerate only the GPU taint; any other NoSchedule/NoExecute taint keeps them off.
+    blocked = any(
+        t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") != GPU_RESOURCE
+        for t in spec.get("taints") or ()
+    )
+    return ready and not blocked
+
+
+def capacity(nodes: Sequence[Manifest], pods: Sequence[Manifest]) -> Capacity:
+    """Free GPUs per node from node allocatable and the requests of active pods (pure)."""
+    free: dict[str, int] = {}
+    for node in nodes:
+        if _schedulable(node):
+            allocatable = (node.get("status") or {}).get("allocatable") or {}
+            try:
+                free[node["metadata"]["name"]] = int(allocatable.get(GPU_RESOURCE) or 0)
+            except ValueError:
+                continue
+    total = sum(free.values())
+    promised: list[int] = []
+    for pod in pods:
+        gpus = pod_gpus(pod)
+        if gpus == 0 or ((pod.get("metadata") or {}).get("deletionTimestamp") and not _bound(pod)):
+            continue
+        if _bound(pod):
+            node = pod["spec"]["nodeName"]
+            if node in free:
+                free[node] -= gpus
+        elif lb.RUN_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+            # A gang admitted a moment ago: its pods wait for the scheduler, their GPUs are spoken for.
+            # Other unbound pods are not counted: one that can never be placed would block every run.
+            promised.append(gpus)
+    return Capacity(free, promised, total)
+
+
+def _bound(pod: Manifest) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def fits(gang: Sequence[int], available: Capacity) -> bool:
+    """Whether the promised pods and then every pod of `gang` find a node, first-fit-decreasing (pure).
+    For pods of whole 8-GPU nodes, as trainer workers are, this is exact."""
+    free = sorted((max(0, gpus) for gpus in available.free.values()), reverse=True)
+    for gpus in sorted([*available.promised, *gang], reverse=True):
+        slot = next((i for i, room in enumerate(free) if room >= gpus), None)
+        if slot is None:
+            return False
+        free[slot] -= gpus
+        free.sort(reverse=True)
+    return True
+
+
+def gang_condition(gang: Sequence[int], available: Capacity) -> Condition:
+    """The Admitted condition of a run waiting for `gang` (pure)."""
+    need = sum(gang)
+    free = sum(max(0, gpus) for gpus in available.free.values()) - sum(available.promised)
+    shape = f"{len(gang)} Ray worker pod(s) of {', '.join(str(g) for g in sorted(set(gang)))} {GPU_RESOURCE}"
+    if fits(gang, available):
+        return Condition(
+            RunCondition.ADMITTED, True, "GangAdmitted", f"the whole gang fits: {shape} ({need} GPUs)"
+        )
+    if need > available.total:
+        return Condition(
+            RunCondition.ADMITTED,
+            False,
+            "GangTooLarge",
+            f"needs {shape} ({need} GPUs) but the schedulable nodes have {available.total} in all: "
+            "lower spec.resources.trainerGpus/rolloutGpus or add GPU nodes",
+        )
+    return Condition(
+        RunCondition.ADMITTED,
+        False,
+        "InsufficientGPU",
+        f"waiting for {shape} ({need} GPUs) to fit at once; {max(0, free)} of {available.total} are free "
+        "now. The run starts by itself when other work frees enough GPUs (no pod is created meanwhile)",
+    )
+
+
+async def read_capacity(kube: Kube) -> Capacity:
+    """One list of nodes and of active pods, cluster-wide (only for runs waiting for admission)."""
+    nodes = await kube.list("v1", "nodes")
+    pods = await kube.list("v1", "pods", field_selector=ACTIVE_PODS)
+    return capacity(nodes, pods)
+
+
+async def kueue_queue(kube: Kube, labels: Mapping[str, Any]) -> str | None:
+    """The Kueue LocalQueue that admits this run, when it names one and Kueue is installed."""
+    queue = labels.get(KUEUE_QUEUE_LABEL)
+    if not queue or not await kube.serves(*KUEUE_API):
+        return None
+    return str(queue)

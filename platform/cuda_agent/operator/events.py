@@ -1,0 +1,80 @@
+"""What a reconcile pass tells people: Kubernetes Events for transitions, one log line per change.
+
+Events are derived from the status a pass writes, compared with the one before it, so every transition
+is told once (a pass that changes nothing posts nothing), and they go through kube.py like every write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cuda_agent.operator.context import OperatorContext
+from cuda_agent.operator.kube import KubeError, Manifest
+
+log = logging.getLogger("cuda_agent.operator.reconcile")
+
+
+@dataclass(frozen=True)
+class Event:
+    warning: bool
+    reason: str
+    message: str
+
+
+def condition_events(
+    previous: Mapping[str, Any], status: Mapping[str, Any], is_problem: Callable[[Mapping[str, Any]], bool]
+) -> list[Event]:
+    """One Event per condition whose status or reason changed and that is now True or a problem; a
+    condition first written False and harmless ("NotSucceeded") is no news (pure)."""
+    before = {c.get("type"): c for c in previous.get("conditions") or ()}
+    events = []
+    for condition in status.get("conditions") or ():
+        old = before.get(condition.get("type"))
+        if old is not None and (old.get("status"), old.get("reason")) == (
+            condition.get("status"),
+            condition.get("reason"),
+        ):
+            continue
+        problem = is_problem(condition)
+        if condition.get("status") == "True" or problem:
+            message = f"{condition['type']}={condition['status']}: {condition.get('message') or ''}"
+            events.append(Event(problem, str(condition["reason"]), message))
+    return events
+
+
+def changed_fields(previous: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """The operator-owned status fields a write changes, conditions as type=status/reason (pure)."""
+    changes: dict[str, Any] = {}
+    for field, value in status.items():
+        if field == "conditions":
+            old = {(c.get("type"), c.get("status"), c.get("reason")) for c in previous.get(field) or ()}
+            moved = [f"{c['type']}={c['status']}/{c['reason']}" for c in value if
+                     (c.get("type"), c.get("status"), c.get("reason")) not in old]  # fmt: skip
+            if moved:
+                changes[field] = moved
+        elif previous.get(field) != value:
+            changes[field] = value
+    return changes
+
+
+async def post(context: OperatorContext, involved: Manifest, events: Sequence[Event]) -> None:
+    """Post Events on the object; a failure is logged, never fails the pass (the status holds the truth)."""
+    for event in events:
+        try:
+            await context.kube.post_event(
+                involved, warning=event.warning, reason=event.reason, message=event.message
+            )
+        except KubeError as error:
+            log.warning("event %s on %s not posted: %s", event.reason, involved["metadata"]["name"], error)
+
+
+def log_pass(kind: str, namespace: str, name: str, **changes: Any) -> None:
+    """One structured (JSON) line for a pass that changed something; quiet passes log nothing."""
+    changed = {key: value for key, value in changes.items() if value}
+    if changed:
+        record = {"kind": kind, "namespace": namespace, "name": name, **changed}
+        log.info("reconciled %s", json.dumps(record, sort_keys=True, default=str))
