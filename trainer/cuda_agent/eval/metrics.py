@@ -45,6 +45,8 @@ def summarise(level: str, rows: Sequence[TaskResult], ps: Sequence[float], margi
     correct = [r for r in rows if r.correct and r.reward > 0]
     eager = [(r.correct and r.reward > 0, r.speedup_eager) for r in rows]
     compiled = [(r.correct and r.reward > 0, r.speedup_compile) for r in rows]
+    # No torch.compile timing anywhere (--compile-mode none): its rates are unknown, not zero.
+    timed = any(s is not None for _, s in compiled)
     return LevelSummary(
         level=level,
         candidates=len(rows),
@@ -52,11 +54,11 @@ def summarise(level: str, rows: Sequence[TaskResult], ps: Sequence[float], margi
         correct=len(correct),
         pass_rate=rate(len(correct), len(rows)),
         faster_than_eager=fast_p(eager, 1.0 + margin),
-        faster_than_compile=fast_p(compiled, 1.0 + margin),
+        faster_than_compile=fast_p(compiled, 1.0 + margin) if timed else None,
         geomean_speedup_eager=geomean(r.speedup_eager for r in correct if r.speedup_eager),
         geomean_speedup_compile=geomean(r.speedup_compile for r in correct if r.speedup_compile),
         fast_p_eager={p_label(p): fast_p(eager, p) for p in ps},
-        fast_p_compile={p_label(p): fast_p(compiled, p) for p in ps},
+        fast_p_compile={p_label(p): fast_p(compiled, p) for p in ps} if timed else {},
         mean_reward=sum(r.reward for r in rows) / len(rows) if rows else 0.0,
         rewards={str(k): v for k, v in sorted(Counter(r.reward for r in rows).items())},
     )

@@ -117,7 +117,7 @@ class LevelSummary(BaseModel):
     correct: int
     pass_rate: float
     faster_than_eager: float
-    faster_than_compile: float
+    faster_than_compile: float | None = Field(description="None when no torch.compile time was measured")
     geomean_speedup_eager: float | None
     geomean_speedup_compile: float | None
     fast_p_eager: dict[str, float]

@@ -146,7 +146,9 @@ def local_sandbox() -> Iterator[str]:
     demonstrations use), for runs given no --sandbox URL."""
     from cuda_agent.trainer.demonstrations import sandbox_server
 
-    with sandbox_server(None) as url:
+    # A root-mode server binds tmpfs over /tmp for its children, so its state must live elsewhere.
+    parent = Path("/var/lib/cuda-agent-eval") if os.geteuid() == 0 else None
+    with sandbox_server(None, parent) as url:
         yield url
 
 

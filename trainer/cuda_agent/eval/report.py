@@ -48,8 +48,8 @@ def _task_scale() -> str | None:
     return os.environ.get("CUDA_AGENT_TASK_SCALE")
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _x(value: float | None) -> str:
@@ -112,7 +112,8 @@ def to_markdown(report: EvalReport, rows: Sequence[TaskResult]) -> str:
     out.append("|" + "---|" * (len(labels) + 2))
     for s in [*report.levels, report.overall]:
         for baseline, values in (("eager", s.fast_p_eager), ("compile", s.fast_p_compile)):
-            out.append(f"| {s.level} | {baseline} | " + " | ".join(_pct(values[k]) for k in labels) + " |")
+            cells = " | ".join(_pct(values.get(k)) for k in labels)
+            out.append(f"| {s.level} | {baseline} | {cells} |")
     out += [
         "",
         "## Candidates",
@@ -164,7 +165,7 @@ def plot(report: EvalReport, rows: Sequence[TaskResult], out_dir: Path) -> list[
         (("correct", "pass_rate"), ("> eager", "faster_than_eager"), ("> compile", "faster_than_compile"))
     ):
         xs = [j + (i - 1) * width for j in range(len(summaries))]
-        ax.bar(xs, [100 * getattr(s, attr) for s in summaries], width, label=label)
+        ax.bar(xs, [100 * (getattr(s, attr) or 0.0) for s in summaries], width, label=label)
     ax.set_xticks(range(len(summaries)), [s.level for s in summaries])
     ax.set_ylabel("% of candidates")
     ax.set_ylim(0, 105)

@@ -36,7 +36,11 @@ class ResultLog:
         self.path = path
         self.rows: dict[str, TaskResult] = {}
         if path.exists():
-            for number, line in enumerate(path.read_text().splitlines(), 1):
+            text = path.read_text()
+            if text and not text.endswith("\n"):  # end a line cut by a kill, so the next row starts fresh
+                with path.open("a") as f:
+                    f.write("\n")
+            for number, line in enumerate(text.splitlines(), 1):
                 if not line.strip():
                     continue
                 try:

@@ -124,7 +124,7 @@ def _dir_candidates(task: Task, folder: Path, device: Device) -> list[Candidate]
     if tagged:  # examples/solutions style: keep the variants written for this device
         variants = [d for d in tagged if _DEVICE_VARIANT.match(d.name).group(1) == device]  # type: ignore[union-attr]
     if len(variants) == 1:
-        return [Candidate(task, variants[0], variants[0].name)]
+        return [Candidate(task, variants[0])]
     return [Candidate(task, d, d.name) for d in variants]
 
 

@@ -114,14 +114,17 @@ def demonstration_replies(files: Mapping[str, str], max_turns: int) -> list[str]
 
 
 @contextmanager
-def sandbox_server(pool: SandboxPool | None) -> Iterator[str]:
+def sandbox_server(pool: SandboxPool | None, parent: Path | None = None) -> Iterator[str]:
     """`cuda-agent sandbox serve` with the config the run's pool gives its servers (as the operator's local
-    executor places it on this machine: loopback, the installed real judge, no GPU); yields its URL."""
+    executor places it on this machine: loopback, the installed real judge, no GPU); yields its URL.
+    Its state goes below `parent` (default: the temp dir; a root-mode server cannot keep it below /tmp)."""
     from cuda_agent.operator.pool_children import server_config
 
     settings: dict[str, Any] = server_config(pool.spec) if pool is not None else {}
     settings.pop("judge_dir", None)
-    root = Path(tempfile.mkdtemp(prefix="cuda-agent-demos-"))
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="cuda-agent-demos-", dir=parent))
     os.chmod(root, 0o711)  # the sessions' uids must reach their workspaces below it
     settings |= {"host": "127.0.0.1", "port": 0, "state_dir": str(root / "state"), "gpus": None}
     settings["uid_base"] = 150_000 + secrets.randbelow(64) * 2 * (int(settings.get("max_sessions", 8)) + 1)
