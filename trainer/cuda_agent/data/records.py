@@ -124,7 +124,7 @@ class FilterConfig(BaseModel):
 
     @classmethod
     def for_device(cls, device: Device, **overrides: object) -> FilterConfig:
-        bounds = {"cuda": (1.0, 100.0), "cpu": (0.05, 1000.0)}[device]
+        bounds = {"cuda": (1.0, 100.0), "cpu": (0.001, 1000.0)}[device]
         values: dict[str, object] = {"device": device, "min_runtime_ms": bounds[0], "max_runtime_ms": bounds[1]}
         values.update(overrides)
         return cls.model_validate(values)

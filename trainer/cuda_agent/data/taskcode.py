@@ -63,7 +63,7 @@ def _tensor_expr(shape: Shape) -> str:
 def render_task(ops: Sequence[AppliedOp], inputs: Sequence[tuple[str, Shape]], doc: str) -> str:
     """Source of a KernelBench task computing `ops` in order over forward inputs `inputs` (name, shape)."""
     inline = [op.entry.inline_source for op in ops if op.entry.inline_source]
-    parts = [f'"""{doc}"""\n', _HEADER]
+    parts = [f'"""{doc}"""\n\n', _HEADER]
     if inline:
         parts += [_INLINE_HEADER, *(f"\n{source.strip()}\n" for source in dict.fromkeys(inline))]
     init_lines, forward_lines = [], []
