@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "judge": ("cuda_agent.sandbox.judge.cli:main", "judge a candidate kernel against a task"),
     "sandbox": ("cuda_agent.sandbox.server.cli:main", "sandbox server: sessions, agent tools, rewards"),
     "train": ("cuda_agent.trainer.cli:main", "train a policy: cuda-agent train -f run.yaml (TrainingRun)"),
+    "data": ("cuda_agent.data.cli:main", "synthesize Ops-6K-style tasks: data synth | catalogue | filter"),
     "eval": ("cuda_agent.eval.cli:main", "evaluate solutions or a policy on a KernelBench-format task set"),
 }
 
