@@ -42,7 +42,8 @@ from cuda_agent.agent.trajectory import EpisodeEnd, JudgeVerdict, Trajectory, Tu
 from cuda_agent.rollout.base import ChatBackend, Generation, GenerationBackend, SamplingParams
 from cuda_agent.sandbox.api import JudgeRun, SessionInfo, TaskRef, ToolName
 from cuda_agent.sandbox.client import SandboxClient, SandboxError
-from cuda_agent.telemetry import Stage, span
+from cuda_agent.telemetry import Stage, record_episode, span
+from cuda_agent.telemetry.metrics import EPISODES_IN_FLIGHT
 
 log = logging.getLogger(__name__)
 
@@ -119,19 +120,21 @@ class AgentLoop:
         episode_id = episode_id or uuid.uuid4().hex[:16]
         started = time.monotonic()
         trajectory: Trajectory | None = None
-        for attempt in range(1, self.config.max_attempts + 1):
-            sandbox = self.sandboxes[self._next_sandbox % len(self.sandboxes)]
-            self._next_sandbox += 1
-            episode = _Episode(self, sandbox, task, sampling, episode_id, attempt)
-            trajectory = await episode.run()
-            if trajectory.end != "sandbox_error":
-                break
-            log.warning(
-                "episode attempt failed in the sandbox",
-                extra={"episode_id": episode_id, "attempt": attempt, "error": trajectory.error},
-            )
+        with EPISODES_IN_FLIGHT.track_inprogress():
+            for attempt in range(1, self.config.max_attempts + 1):
+                sandbox = self.sandboxes[self._next_sandbox % len(self.sandboxes)]
+                self._next_sandbox += 1
+                episode = _Episode(self, sandbox, task, sampling, episode_id, attempt)
+                trajectory = await episode.run()
+                if trajectory.end != "sandbox_error":
+                    break
+                log.warning(
+                    "episode attempt failed in the sandbox",
+                    extra={"episode_id": episode_id, "attempt": attempt, "error": trajectory.error},
+                )
         assert trajectory is not None
         trajectory.wall_s = time.monotonic() - started
+        record_episode(trajectory.end, trajectory.reward, trajectory.wall_s, sum(trajectory.loss_mask))
         if self.writer is not None:
             await self.writer.write(trajectory)
         return trajectory
@@ -293,7 +296,7 @@ class _Episode:
         }
         sampling = self.sampling.model_copy(update=update)
         started = time.monotonic()
-        with span("generate", episode_id=self.episode_id, prompt_tokens=len(self.token_ids)) as sp:
+        with span(Stage.GENERATE, episode_id=self.episode_id, prompt_tokens=len(self.token_ids)) as sp:
             try:
                 if self.chat is not None:
                     reply = self.chat.chat(self.messages, self.codec.tools, sampling)
@@ -420,7 +423,7 @@ class _Episode:
 
     async def _judge(self) -> EpisodeState:
         assert self.session_id is not None
-        with span("judge", episode_id=self.episode_id, stage=self.cfg.judge_stage) as sp:
+        with span(Stage.JUDGE, episode_id=self.episode_id, stage=self.cfg.judge_stage) as sp:
             try:
                 run = await self._sandbox(
                     self.sandbox.judge(self.session_id, self.cfg.judge_stage), self.cfg.judge_timeout_s

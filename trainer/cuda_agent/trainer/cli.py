@@ -94,7 +94,7 @@ def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     from cuda_agent.telemetry import configure_telemetry
 
-    configure_telemetry()
+    configure_telemetry(service_name="cuda-agent-trainer")
     try:
         run = load_run(args.file)
         env = TrainerEnv.from_environ(os.environ, default_run_name=run.metadata.name or "local")

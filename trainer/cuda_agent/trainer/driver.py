@@ -23,7 +23,7 @@ from cuda_agent.api.run_contract import TrainerProgress
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRun, TrainingRunPhase
 from cuda_agent.runstatus import StatusWriter
 from cuda_agent.storage import join_uri, open_store
-from cuda_agent.telemetry import Stage, span
+from cuda_agent.telemetry import Stage, record_step, span
 from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
 from cuda_agent.trainer.data import TaskOrder
 from cuda_agent.trainer.report import write_report
@@ -171,7 +171,7 @@ class Trainer:
                     if usable
                     else {}
                 )
-                metrics.update(self.workers.sync_weights(self.rollout))
+                metrics.update(self._sync_weights())
                 metrics["rollout_s"] = rollout_s
                 metrics["episodes_dropped"] = float(len(trajectories) - len(usable))
                 self._finish_step(trajectories, metrics, ppo=not single)
@@ -191,7 +191,7 @@ class Trainer:
                     f"rft epoch {self.state.stage_step + 1}/{rft.epochs} on {len(kept)} episodes",
                 )
                 metrics = rft_epoch(kept, self.workers.actor, self.spec, self._seed(self.state.stage_step))
-                metrics.update(self.workers.sync_weights(self.rollout))
+                metrics.update(self._sync_weights())
                 metrics["rft_kept"] = float(len(kept))
                 self._finish_step([], metrics, ppo=False)
 
@@ -209,6 +209,12 @@ class Trainer:
     # -- pieces ----------------------------------------------------------------------------------
     def _phase(self) -> TrainingRunPhase:
         return TrainingRunPhase.RUNNING if self.state.stage == PPO else TrainingRunPhase.WARMING_UP
+
+    def _sync_weights(self) -> dict[str, float]:
+        with span(Stage.WEIGHT_SYNC, stage=self.state.stage) as current:
+            timings = self.workers.sync_weights(self.rollout)
+            current.set_attribute("cuda_agent.weight_sync_gb", timings.get("weight_sync_gb", 0.0))
+            return timings
 
     def _seed(self, step: int) -> int:
         return self.spec.trainer.seed * 1_000_003 + STAGES.index(self.state.stage) * 100_003 + step
@@ -275,6 +281,13 @@ class Trainer:
         if ppo:
             self.state.ppo_step += 1
         self.state.history.append({"stage": stage, "step": self.state.stage_step, **metrics})
+        record_step(
+            stage,
+            self.state.stage_step,
+            metrics,
+            generated_tokens=sum(sum(t.loss_mask) for t in trajectories),
+            rollout_gpus=self.spec.resources.rollout_gpus or self.spec.resources.trainer_gpus,
+        )
         log.info(
             "%s step %d: %s",
             stage,

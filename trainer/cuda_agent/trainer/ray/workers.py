@@ -4,8 +4,10 @@ Each trainer GPU is one placement-group bundle. A group has one Ray actor per bu
 and reference groups are colocated on the same bundles with fractional GPUs (they run one after another
 in a PPO step). Rollout engines get their own placement group of spec.resources.rolloutGpus bundles, or
 share the trainer bundles when it is 0; `RayWorkers.rollout_placement` hands that to the rollout backend.
-Data parallelism: the driver cuts each mini-batch into one shard per rank, balanced by tokens, and sends
-every rank the mini-batch's total token count and the micro-batch count all ranks run (ShardPlan).
+Data parallelism: the driver cuts each mini-batch into one shard per data-parallel group, balanced by
+tokens, and sends every rank the mini-batch's total token count and the micro-batch count all ranks run
+(ShardPlan). With sequence parallelism (spec.resources.sequenceParallelSize) ranks r // size form one
+group: all of them get the group's shard and each runs one slice of every sequence.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.rollout.vllm_engine import VLLMEngineConfig
 from cuda_agent.storage import join_uri, open_store
+from cuda_agent.telemetry import TelemetryConfig, attached, configure_tracing, inject_context, span
 from cuda_agent.trainer.experience import Episode, pack_micro_batches
 from cuda_agent.trainer.roles import ShardPlan
 from cuda_agent.trainer.weight_sync import WeightReceiver, sync_weights
@@ -46,14 +50,18 @@ class RoleWorker:
         )
         from cuda_agent.trainer.roles import PolicyActor, Reference, ValueCritic
 
+        # Traces from this actor process join the driver's: calls carry its context (`trace_context`).
+        configure_tracing(TelemetryConfig.from_env(service_name="cuda-agent-trainer"))
+        self.role_name, self.rank = role, rank
         spec = TrainingRunSpec.model_validate_json(spec_json)
         self.role: Any = {"actor": PolicyActor, "critic": ValueCritic, "reference": Reference}[role](spec)
 
     def ready(self) -> bool:
         return True
 
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.role, method)(*args)
+    def call(self, method: str, *args: Any, trace_context: dict[str, str] | None = None) -> Any:
+        with attached(trace_context), span(f"{self.role_name}.{method}", rank=self.rank):
+            return getattr(self.role, method)(*args)
 
     def save_to(self, uri: str) -> None:
         """Save this rank's state and upload it (ranks of a ZeRO group write disjoint file names)."""
@@ -88,6 +96,8 @@ class RoleGroup:
         self, role: str, spec: TrainingRunSpec, bundles: PlacementGroup, world: int, gpus: bool
     ) -> None:
         self.spec, self.world = spec, world
+        self.sp = spec.resources.sequence_parallel_size
+        self.dp = world // self.sp  # data-parallel groups; rank r is in group r // sp
         cls = ray.remote(RoleWorker)
         port = _free_port_on_node()
         master = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
@@ -103,17 +113,20 @@ class RoleGroup:
         ]
         ray.get([w.ready.remote() for w in self.workers])  # surface start-up errors here
 
-    # -- experience: each rank computes its shard, results come back in order ----------------------
+    # -- experience: each data-parallel group computes its shard, results come back in order
     def _map(self, method: str, episodes: list[Episode]) -> list[Episode]:
-        shards = shard(episodes, range(len(episodes)), self.world)
+        shards = shard(episodes, range(len(episodes)), self.dp)
         results = ray.get(
             [
-                w.call.remote(method, [episodes[i] for i in part])
-                for w, part in zip(self.workers, shards, strict=True)
+                w.call.remote(
+                    method, [episodes[i] for i in shards[rank // self.sp]], trace_context=inject_context()
+                )
+                for rank, w in enumerate(self.workers)
             ]
         )
         out = list(episodes)
-        for part, result in zip(shards, results, strict=True):
+        # The ranks of a sequence-parallel group return the same episodes: take each group's first.
+        for part, result in zip(shards, results[:: self.sp], strict=True):
             for i, e in zip(part, result, strict=True):
                 out[i] = e
         return out
@@ -127,22 +140,22 @@ class RoleGroup:
     # -- updates: every rank takes part in every optimizer step ------------------------------------
     def _train(self, method: str, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
         budget = self.spec.trainer.micro_batch_tokens
-        per_rank: list[tuple[list[Episode], list[list[int]]]] = [([], []) for _ in range(self.world)]
+        per_group: list[tuple[list[Episode], list[list[int]]]] = [([], []) for _ in range(self.dp)]
         tokens, counts = [], []
         for indices in mini_batches:
-            parts = shard(episodes, indices, self.world)
+            parts = shard(episodes, indices, self.dp)
             tokens.append(float(sum(float(episodes[i].mask.sum()) for i in indices)))
             counts.append(
                 max(len(pack_micro_batches([episodes[i].length for i in p], budget)) for p in parts)
             )
-            for (rank_episodes, rank_minis), part in zip(per_rank, parts, strict=True):
-                rank_minis.append(list(range(len(rank_episodes), len(rank_episodes) + len(part))))
-                rank_episodes.extend(episodes[i] for i in part)
-        plan = ShardPlan(tokens, counts, self.world)
+            for (group_episodes, group_minis), part in zip(per_group, parts, strict=True):
+                group_minis.append(list(range(len(group_episodes), len(group_episodes) + len(part))))
+                group_episodes.extend(episodes[i] for i in part)
+        plan = ShardPlan(tokens, counts, self.dp)
         results: list[dict[str, float]] = ray.get(
             [
-                w.call.remote(method, eps, minis, plan)
-                for w, (eps, minis) in zip(self.workers, per_rank, strict=True)
+                w.call.remote(method, *per_group[rank // self.sp], plan, trace_context=inject_context())
+                for rank, w in enumerate(self.workers)
             ]
         )
         return _merge_metrics(results)
@@ -165,7 +178,8 @@ class RoleGroup:
 
 
 def _merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
-    """Token-weighted means of the ranks' metrics (gradient norms are already global)."""
+    """Token-weighted means of the ranks' metrics (gradient norms are already global; every rank of a
+    sequence-parallel group reports the group's totals)."""
     weights = [r.get("policy_tokens", 1.0) for r in results]
     total = sum(weights) or 1.0
     keys = set().union(*results)
@@ -226,6 +240,21 @@ class RayWorkers:
         if self.rollout_bundles is not None:
             return self.rollout_bundles, 1.0
         return self.trainer_bundles, ROLLOUT_GPU_SHARE
+
+    def rollout_engine_configs(self, model_dir: str) -> list[VLLMEngineConfig]:
+        """One vLLM engine per spec.resources.tensorParallelSize rollout GPUs (the trainer's when
+        rolloutGpus is 0), each with that tensor-parallel size and the agent's context."""
+        spec = self.actor.spec
+        r = spec.resources
+        return [
+            VLLMEngineConfig(
+                model=model_dir,
+                tensor_parallel_size=r.tensor_parallel_size,
+                max_model_len=spec.agent.max_context_tokens,
+                seed=spec.trainer.seed + engine,
+            )
+            for engine in range((r.rollout_gpus or r.trainer_gpus) // r.tensor_parallel_size)
+        ]
 
     def save(self, root: Path, uri: str) -> None:
         self.actor.save(join_uri(uri, "actor") + "/")
