@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox"))
 
 import sandbox_helpers
-from sandbox_helpers import REAL_JUDGE_DIR, RunningServer, cleanup, needs_root
+from sandbox_helpers import REAL_JUDGE_DIR, RunningServer, cleanup
 
 from cuda_agent.eval import cli, metrics
 from cuda_agent.eval.models import EvalReport, TaskResult
@@ -126,7 +126,7 @@ def judge_server() -> Iterator[RunningServer]:
         cleanup(running)
 
 
-@needs_root()
+@pytest.mark.skipif(os.geteuid() != 0, reason="root-mode isolation needs uid 0")
 def test_replay_policy_over_one_task(tmp_path: Path, judge_server: RunningServer) -> None:
     write = {
         "name": "Write",

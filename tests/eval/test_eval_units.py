@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,17 +26,9 @@ def row(
     key: str, reward: int, eager: float | None = None, compile_: float | None = None, **kw: object
 ) -> TaskResult:
     level, task = key.split("/")[:2]
-    fields: dict[str, object] = {"compiled": reward > 0, "correct": reward > 0}
-    fields.update(kw)
-    return TaskResult(
-        key=key,
-        level=level,
-        task=task,
-        reward=reward,
-        speedup_eager=eager,
-        speedup_compile=compile_,
-        **fields,
-    )
+    fields: dict[str, Any] = {"compiled": reward > 0, "correct": reward > 0, **kw}
+    fields |= {"key": key, "level": level, "task": task, "reward": reward}
+    return TaskResult.model_validate({**fields, "speedup_eager": eager, "speedup_compile": compile_})
 
 
 def test_geomean() -> None:
