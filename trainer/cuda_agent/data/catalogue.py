@@ -31,7 +31,15 @@ _STOCHASTIC = (
     "dropout", "rrelu", "fractional", "gumbel", "bernoulli", "multinomial", "normal", "poisson", "rand",
     "random", "uniform", "exponential", "geometric", "cauchy", "log_normal",
 )  # fmt: skip
-_CONTAINERS = {"Module", "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Container"}
+_CONTAINERS = {
+    "Module",
+    "Sequential",
+    "ModuleList",
+    "ModuleDict",
+    "ParameterList",
+    "ParameterDict",
+    "Container",
+}
 _INTEGER_INPUTS = {
     "Embedding", "EmbeddingBag", "CrossEntropyLoss", "NLLLoss", "NLLLoss2d", "MultiLabelMarginLoss",
     "MultiMarginLoss", "CTCLoss", "AdaptiveLogSoftmaxWithLoss", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
@@ -63,19 +71,17 @@ def _exclusion(short: str) -> str | None:
 
 def _required_args(cls: type) -> tuple[str, ...]:
     try:
-        params = inspect.signature(cls.__init__).parameters.values()
+        params = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):
         return ()
     return tuple(
-        p.name
-        for p in params
-        if p.name != "self" and p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     )
 
 
 def _accepted_params(cls: type) -> set[str] | None:
     """Constructor parameter names, or None when it takes **kwargs (anything goes)."""
-    params = inspect.signature(cls.__init__).parameters.values()
+    params = inspect.signature(cls).parameters.values()
     if any(p.kind == p.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params}
@@ -91,7 +97,12 @@ def _entry(name: str, kind: OpKind, short: str, required: tuple[str, ...] = ()) 
             name=name, kind=kind, status="unsupported", reason="no shape rule for it", required_args=required
         )
     return CatalogueEntry(
-        name=name, kind=kind, family=family.name, status="unsupported", reason="not probed", required_args=required
+        name=name,
+        kind=kind,
+        family=family.name,
+        status="unsupported",
+        reason="not probed",
+        required_args=required,
     )
 
 
@@ -146,7 +157,7 @@ def _transformers_modules() -> Iterator[CatalogueEntry]:
         return
     classes: dict[str, tuple[type, Family | None]] = {}
     for value in activations.ACT2CLS.values():
-        cls = value[0] if isinstance(value, tuple) else value
+        cls: Any = value[0] if isinstance(value, tuple) else value
         if cls.__module__.startswith("transformers"):
             classes[cls.__name__] = (cls, family_named("elementwise_unary"))
     try:
@@ -194,7 +205,7 @@ def constructor_class(entry: CatalogueEntry) -> type | None:
         return None
     if entry.source == "transformers":
         namespace: dict[str, Any] = {}
-        exec(compile(_probe_header() + entry.inline_source, entry.name, "exec"), namespace)
+        exec(compile(_INLINE_PRELUDE + entry.inline_source, entry.name, "exec"), namespace)
         cls: type = namespace[entry.name.removeprefix("transformers.")]
         return cls
     import torch.nn as nn
@@ -203,9 +214,16 @@ def constructor_class(entry: CatalogueEntry) -> type | None:
     return module_cls
 
 
-@functools.cache
-def _probe_header() -> str:
-    return "import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\nfrom torch import Tensor\n"
+_INLINE_PRELUDE = "\n".join(
+    [
+        "import math",
+        "import torch",
+        "import torch.nn as nn",
+        "import torch.nn.functional as F",
+        "from torch import Tensor",
+        "",
+    ]
+)
 
 
 def fit_plan(entry: CatalogueEntry, plan: Plan) -> Plan | str:
@@ -268,7 +286,7 @@ def probe(entry: CatalogueEntry) -> CatalogueEntry:
 
 
 class Catalogue:
-    """The probed catalogue; `runnable_for(rank)` lists what the composer may apply to a tensor of that rank."""
+    """The probed catalogue; `runnable_for(rank)`: what the composer may apply to a tensor of that rank."""
 
     def __init__(self, entries: list[CatalogueEntry]) -> None:
         self.entries = entries

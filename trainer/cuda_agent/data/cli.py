@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -52,7 +52,9 @@ def _filter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=1, help="filter processes (1: in this process)")
     parser.add_argument("--ray", action="store_true", help="fan the filters out as Ray tasks")
-    parser.add_argument("--benchmark", help="KernelBench-layout folder or s3:// prefix to decontaminate against")
+    parser.add_argument(
+        "--benchmark", help="KernelBench-layout folder or s3:// prefix to decontaminate against"
+    )
     parser.add_argument("--filters", help=f"comma-separated subset of {','.join(FILTER_ORDER)}")
     parser.add_argument("--min-ms", type=float, help="runtime filter lower bound (default 1 on cuda)")
     parser.add_argument("--max-ms", type=float, help="runtime filter upper bound (default 100 on cuda)")
@@ -61,7 +63,10 @@ def _filter_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _filter_config(args: argparse.Namespace) -> FilterConfig:
-    overrides: dict[str, Any] = {"compile_backend": args.compile_backend, "similarity_threshold": args.similarity}
+    overrides: dict[str, Any] = {
+        "compile_backend": args.compile_backend,
+        "similarity_threshold": args.similarity,
+    }
     if args.filters:
         overrides["enabled"] = tuple(name.strip() for name in args.filters.split(",") if name.strip())
     if args.min_ms is not None:
@@ -80,13 +85,24 @@ def _progress_bar(total: int, description: str) -> Any:
 def _synth(args: argparse.Namespace) -> int:
     from cuda_agent.data import synth
     from cuda_agent.data.catalogue import build_catalogue
-    from cuda_agent.data.compose import Composer, EndpointConfig, LLMComposer, ProgrammaticComposer, openai_chat
+    from cuda_agent.data.compose import (
+        Composer,
+        EndpointConfig,
+        LLMComposer,
+        ProgrammaticComposer,
+        openai_chat,
+    )
 
-    scale = args.scale or ("full" if args.device == "cuda" else "small")
+    scale: Literal["small", "full"] = args.scale or ("full" if args.device == "cuda" else "small")
     endpoint = None
     if args.composer == "llm":
-        api_key = os.environ.get("OPENAI_API_KEY")
-        endpoint = EndpointConfig(base_url=args.endpoint or "", model=args.model or "", api_key=api_key)
+        endpoint = EndpointConfig.model_validate(
+            {
+                "base_url": args.endpoint or "",
+                "model": args.model or "",
+                "api_key": os.environ.get("OPENAI_API_KEY"),
+            }
+        )
     config = synth.SynthConfig(
         n=args.n,
         out=args.out,
@@ -153,7 +169,9 @@ def _refilter(args: argparse.Namespace) -> int:
         bar.update(len(samples) - len(pending))
         for start in range(0, len(pending), config.batch_size):
             batch = pending[start : start + config.batch_size]
-            results = list(filter_samples(batch, config.filters, benchmark, workers=args.workers, use_ray=args.ray))
+            results = list(
+                filter_samples(batch, config.filters, benchmark, workers=args.workers, use_ray=args.ray)
+            )
             write_bytes(join_uri(config.out, f"shards/{batch[0].id}.jsonl"), jsonl(results))
             done.update((s.id, s) for s in results)
             bar.update(len(batch))

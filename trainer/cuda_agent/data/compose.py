@@ -130,7 +130,7 @@ class ProgrammaticComposer:
                 if plan is None or (plan.terminal and step < target - 1):
                     continue
                 fitted = fit_plan(entry, plan)
-                if isinstance(fitted, str) or not fitted.out and not fitted.terminal:
+                if isinstance(fitted, str) or (not fitted.out and not fitted.terminal):
                     continue
                 if min(fitted.out, default=1) < 1 or _numel(fitted.out) > limit:
                     continue

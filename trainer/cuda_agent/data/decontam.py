@@ -70,7 +70,11 @@ def _is_super_init(stmt: ast.stmt) -> bool:
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
 
 
 def _computation(tree: ast.Module) -> list[ast.stmt]:
@@ -112,7 +116,9 @@ class BenchmarkIndex:
             try:
                 self.tasks.append((name, signature_tokens(code)))
             except SyntaxError as exc:
-                raise ValueError(f"benchmark task {name} does not parse: line {exc.lineno}: {exc.msg}") from exc
+                raise ValueError(
+                    f"benchmark task {name} does not parse: line {exc.lineno}: {exc.msg}"
+                ) from exc
 
     def __len__(self) -> int:
         return len(self.tasks)

@@ -116,7 +116,9 @@ def no_stochastic_ops(run: _Run) -> Verdict:
                 func = call.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 if name in STOCHASTIC_CALLS:
-                    return Verdict(filter="no_stochastic_ops", passed=False, detail=f"calls {name} (line {call.lineno})")
+                    return Verdict(
+                        filter="no_stochastic_ops", passed=False, detail=f"calls {name} (line {call.lineno})"
+                    )
     return Verdict(filter="no_stochastic_ops", passed=True)
 
 
@@ -132,15 +134,21 @@ def runs_eager(run: _Run) -> Verdict:
     except Exception as exc:  # any error of the task's own code is this filter's verdict
         return Verdict(filter="runs_eager", passed=False, detail=f"{type(exc).__name__}: {exc}"[:300])
     if not isinstance(run.output, torch.Tensor):
-        return Verdict(filter="runs_eager", passed=False, detail=f"forward returns {type(run.output).__name__}")
-    return Verdict(filter="runs_eager", passed=True, detail=f"output {tuple(run.output.shape)} {run.output.dtype}")
+        return Verdict(
+            filter="runs_eager", passed=False, detail=f"forward returns {type(run.output).__name__}"
+        )
+    return Verdict(
+        filter="runs_eager", passed=True, detail=f"output {tuple(run.output.shape)} {run.output.dtype}"
+    )
 
 
 def deterministic(run: _Run) -> Verdict:
     import torch
 
     again = _forward(run, [t.clone() if isinstance(t, torch.Tensor) else t for t in run.inputs])
-    same = isinstance(again, torch.Tensor) and again.shape == run.output.shape and torch.equal(again, run.output)
+    same = (
+        isinstance(again, torch.Tensor) and again.shape == run.output.shape and torch.equal(again, run.output)
+    )
     return Verdict(filter="deterministic", passed=bool(same), detail="" if same else "two runs differ")
 
 
@@ -170,7 +178,9 @@ def runtime(run: _Run) -> Verdict:
     median = statistics.median(times)
     passed = config.min_runtime_ms <= median <= config.max_runtime_ms
     bounds = f"[{config.min_runtime_ms}, {config.max_runtime_ms}] ms"
-    return Verdict(filter="runtime", passed=passed, detail=f"median {median:.3f} ms on {config.device}, bounds {bounds}")
+    return Verdict(
+        filter="runtime", passed=passed, detail=f"median {median:.3f} ms on {config.device}, bounds {bounds}"
+    )
 
 
 def runs_compiled(run: _Run) -> Verdict:
@@ -181,7 +191,7 @@ def runs_compiled(run: _Run) -> Verdict:
         torch._dynamo.reset()
         compiled = torch.compile(run.model, backend=config.compile_backend)
         with torch.no_grad():
-            out = compiled(*run.inputs)
+            out = compiled(*run.inputs)  # type: ignore[no-untyped-call]
         _sync(config)
     except Exception as exc:  # a compile or run error of this task is the verdict
         return Verdict(filter="runs_compiled", passed=False, detail=f"{type(exc).__name__}: {exc}"[:300])
@@ -215,7 +225,9 @@ def evaluate(sample: Sample, config: FilterConfig, benchmark: BenchmarkIndex | N
     if sample.rejected_by is not None:
         return sample
     run = _Run(sample, config, benchmark)
-    enabled = set(config.enabled) | {"composed"} | (_NEEDS_EAGER & set(config.enabled) and {"runs_eager"} or set())
+    enabled: set[str] = set(config.enabled) | {"composed"}
+    if enabled & _NEEDS_EAGER:
+        enabled.add("runs_eager")
     verdicts: list[Verdict] = []
     for name in FILTER_ORDER:
         if name not in enabled:

@@ -98,7 +98,9 @@ def ops6k_parquet(samples: Sequence[Sample]) -> bytes:
             ("composer", pa.string()),
             (
                 "verdicts",
-                pa.list_(pa.struct([("filter", pa.string()), ("passed", pa.bool_()), ("detail", pa.string())])),
+                pa.list_(
+                    pa.struct([("filter", pa.string()), ("passed", pa.bool_()), ("detail", pa.string())])
+                ),
             ),
             ("accepted", pa.bool_()),
             ("rejected_by", pa.string()),
@@ -152,4 +154,3 @@ def read_kernelbench(uri: str) -> list[BenchmarkTask]:
     if not tasks:
         raise ValueError(f"benchmark set {uri}: no task files (*.py defining class Model)")
     return tasks
-

@@ -92,7 +92,9 @@ class Summary(BaseModel):
 
     candidates: int
     accepted: int
-    ops_share: dict[str, float] = Field(description="'1'..'5' -> share of accepted samples with that many ops")
+    ops_share: dict[str, float] = Field(
+        description="'1'..'5' -> share of accepted samples with that many ops"
+    )
     rejections: dict[str, int]
     device: Device
     composer: str
@@ -125,7 +127,11 @@ class FilterConfig(BaseModel):
     @classmethod
     def for_device(cls, device: Device, **overrides: object) -> FilterConfig:
         bounds = {"cuda": (1.0, 100.0), "cpu": (0.001, 1000.0)}[device]
-        values: dict[str, object] = {"device": device, "min_runtime_ms": bounds[0], "max_runtime_ms": bounds[1]}
+        values: dict[str, object] = {
+            "device": device,
+            "min_runtime_ms": bounds[0],
+            "max_runtime_ms": bounds[1],
+        }
         values.update(overrides)
         return cls.model_validate(values)
 

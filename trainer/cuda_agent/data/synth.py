@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -89,7 +88,7 @@ def summarize(candidates: list[Sample], accepted: list[Sample], config: SynthCon
         candidates=len(candidates),
         accepted=len(accepted),
         ops_share={str(k): counts.get(k, 0) / total for k in range(1, 6)},
-        rejections={name: rejections.get(name, 0) for name in config.filters.enabled},  # type: ignore[call-overload]
+        rejections={name: rejections.get(name, 0) for name in config.filters.enabled},
         device=config.device,
         composer=config.composer,
         seed=config.seed,
@@ -113,7 +112,7 @@ def run(
         progress(min(accepted, config.n))
     index = 0
     while accepted < config.n and index < config.candidate_limit:
-        first, batch = index, []
+        first, batch = index, list[Sample]()
         while len(batch) < config.batch_size and index < config.candidate_limit:
             if sample_id(config.seed, index) not in done:
                 batch.append(composer.compose(index))
@@ -156,7 +155,4 @@ def benchmark_index(uri: str | None) -> BenchmarkIndex | None:
 def write_catalogue(path: str, entries: list[object]) -> None:
     """The catalogue as JSON (one object per operator), for `cuda-agent data catalogue`."""
     text = json.dumps([e.model_dump(mode="json") for e in entries if isinstance(e, BaseModel)], indent=1)
-    if "://" in path:
-        write_bytes(path, text.encode())
-    else:
-        Path(path).write_text(text + "\n")
+    write_bytes(path, text.encode() + b"\n")
