@@ -93,12 +93,17 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{- end -}}
 
 {{/* MinIO root credentials: the values when given, else the ones a previous install generated (kept
-across upgrades: MinIO's data is tied to them), else new random ones. */}}
+across upgrades: MinIO's data is tied to them), else new random ones. Both the MinIO Secret and the
+artifacts Secret need the same pair, so the first call of a render memoizes it (templates of one render
+share the values map). */}}
 {{- define "cuda-agent.minioCredentials" -}}
+{{- if not (hasKey .Values.minio "_credentials") -}}
 {{- $existing := (lookup "v1" "Secret" .Release.Namespace (include "cuda-agent.minioFullname" .)).data | default dict -}}
 {{- $user := .Values.minio.rootUser | default (get $existing "MINIO_ROOT_USER" | b64dec) | default (printf "cuda-agent-%s" (randAlphaNum 8 | lower)) -}}
 {{- $password := .Values.minio.rootPassword | default (get $existing "MINIO_ROOT_PASSWORD" | b64dec) | default (randAlphaNum 40) -}}
-{{- toJson (dict "user" $user "password" $password) -}}
+{{- $_ := set .Values.minio "_credentials" (dict "user" $user "password" $password) -}}
+{{- end -}}
+{{- toJson .Values.minio._credentials -}}
 {{- end -}}
 
 {{/* Which seccomp installer applies: "daemonset", "securityProfilesOperator" or "" (none). */}}

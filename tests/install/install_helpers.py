@@ -1,0 +1,71 @@
+"""Helpers of the install tests: `helm` bound to a kubeconfig, the chart's paths, polling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "cuda-agent"
+GPU_EXAMPLE = CHART / "examples" / "gpu-cluster.yaml"
+# The example leaves the S3 keys to --set; any non-empty value satisfies the schema.
+EXAMPLE_KEYS = ("--set", "artifacts.external.accessKey=key", "--set", "artifacts.external.secretKey=secret")
+
+T = TypeVar("T")
+HOMES = ("cache", "config", "data")
+
+
+class Helm:
+    """`helm` bound to one kubeconfig (or none, for lint and template)."""
+
+    def __init__(self, binary: Path, home: Path, kubeconfig: Path | None = None) -> None:
+        self.binary = binary
+        self.home = home  # helm's config, cache and data directories, kept out of the user's own
+        self.kubeconfig = kubeconfig
+
+    def bound_to(self, kubeconfig: Path) -> Helm:
+        return Helm(self.binary, self.home, kubeconfig)
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **{f"HELM_{part.upper()}_HOME": str(self.home / part) for part in HOMES}}
+        if self.kubeconfig is not None:
+            env["KUBECONFIG"] = str(self.kubeconfig)
+        proc = subprocess.run(
+            [str(self.binary), *args], capture_output=True, text=True, env=env, timeout=300, check=False
+        )
+        # Helm notes at INFO level that it follows the chart's links to crds/ and the seccomp profile.
+        proc.stderr = "\n".join(line for line in proc.stderr.splitlines() if "symbolic link" not in line)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def template(self, *args: str, namespace: str = "cuda-agent") -> list[dict[str, Any]]:
+        """The chart rendered by `helm template`, as a list of objects."""
+        out = self("template", "rel", str(CHART), "--namespace", namespace, *args).stdout
+        return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(objects: Sequence[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
+    """The one rendered object of `kind` whose name ends with `name_suffix`."""
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)]
+    names = [o["metadata"]["name"] for o in found]
+    assert len(found) == 1, f"expected one {kind} *{name_suffix}, found {names}"
+    return found[0]
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 120.0) -> T:
+    """Poll until `probe` returns something truthy; the timeout is a failure bound, not a measurement."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")

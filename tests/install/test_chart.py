@@ -1,0 +1,274 @@
+"""The Helm chart rendered by the real `helm` (no cluster): lint, the values schema, and that what it renders
+agrees with the code it deploys (CRDs, seccomp profile, image names, operator flags, artifacts Secret keys,
+SandboxPool specs), each checked against that code's own parser or file rather than a copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from install_helpers import CHART, EXAMPLE_KEYS, GPU_EXAMPLE, REPO, Helm, find, wait_for
+
+from cuda_agent.api.sandboxpool import SandboxPoolSpec
+from cuda_agent.operator import labels
+from cuda_agent.operator.cli import parse_args
+from cuda_agent.operator.config import OperatorConfig
+from cuda_agent.storage.config import StorageConfig
+
+PROFILE = REPO / "sandbox_image" / "seccomp" / "sandbox.json"
+SPO_API = "security-profiles-operator.x-k8s.io/v1beta1/SeccompProfile"
+EVERYTHING = ("--set", "minio.enabled=true", "--set", "telemetry.collector.enabled=true")
+
+
+def operator_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = find(objects, "Deployment", "-operator")
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(), EVERYTHING, ("-f", str(GPU_EXAMPLE), *EXAMPLE_KEYS)],
+    ids=["defaults", "minio-and-collector", "gpu-cluster-example"],
+)
+def test_lint_is_clean(helm: Helm, values: tuple[str, ...]) -> None:
+    proc = helm("lint", "--strict", str(CHART), *values, check=False)
+    findings = [line for line in proc.stdout.splitlines() if line.startswith(("[WARNING]", "[ERROR]"))]
+    assert proc.returncode == 0 and not findings, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        (("--set", "operator.replicas=2"), "/operator/replicas"),
+        (("--set", "operator.workerz=2"), "additional properties 'workerz'"),
+        (("--set", "seccomp.mode=apparmor"), "/seccomp/mode"),
+        (("--set", "metrics.port=70000"), "/metrics/port"),
+        (("--set", "images.operator.digest=sha256:abc"), "/images/operator/digest"),
+        (("--set", "artifacts.external.endpoint=https://s3.example.com/b"), "/artifacts/external/endpoint"),
+        (("--set", "artifacts.external.endpoint=s3.example.com"), "/artifacts/external/accessKey"),
+        (("--set", "operator.watch.namespaces={team-a}"), "/operator/watch/namespaces"),
+        (
+            ("--set", "sandboxPools[0].name=Bad_Name", "--set", "sandboxPools[0].spec={}"),
+            "/sandboxPools/0/name",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_bad_values_fail_naming_the_field(helm: Helm, values: tuple[str, ...], field: str) -> None:
+    proc = helm("template", "rel", str(CHART), *values, check=False)
+    assert proc.returncode != 0, f"{values} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert field in proc.stderr, proc.stderr
+
+
+def test_chart_crds_are_the_repository_crds(helm: Helm) -> None:
+    # charts/cuda-agent/crds links to crds/ (one home); this fails if a copy there drifts from them.
+    shown = [doc for doc in yaml.safe_load_all(helm("show", "crds", str(CHART)).stdout) if doc]
+    generated = [yaml.safe_load(path.read_text()) for path in sorted((REPO / "crds").glob("*.yaml"))]
+    key = lambda crd: crd["metadata"]["name"]  # noqa: E731
+    assert sorted(shown, key=key) == sorted(generated, key=key)
+
+
+def test_seccomp_daemonset_installs_the_sandbox_profile(helm: Helm) -> None:
+    objects = helm.template()
+    config_map = find(objects, "ConfigMap", "-seccomp")
+    assert json.loads(config_map["data"]["sandbox.json"]) == json.loads(PROFILE.read_text())
+    daemonset = find(objects, "DaemonSet", "-seccomp")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    (host,) = [v for v in pod["volumes"] if "hostPath" in v]
+    assert host["hostPath"]["path"] == "/var/lib/kubelet/seccomp"
+    security = pod["containers"][0]["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert not any(o["kind"] == "SeccompProfile" for o in objects)
+
+
+def test_security_profiles_operator_gets_the_same_profile_when_served(helm: Helm) -> None:
+    pool = ("--set", "sandboxPools[0].name=pool", "--set", "sandboxPools[0].spec.replicas=1")
+    objects = helm.template("--api-versions", SPO_API, *pool)
+    assert not [
+        o for o in objects if o["kind"] in ("DaemonSet", "ConfigMap") and "seccomp" in o["metadata"]["name"]
+    ]
+    spec = find(objects, "SeccompProfile")["spec"]
+    profile = json.loads(PROFILE.read_text())
+    assert spec["defaultAction"] == profile["defaultAction"]
+    assert profile["defaultErrnoRet"] == 1  # SPO has no defaultErrnoRet; EPERM is its default
+    assert spec["architectures"] == profile["architectures"]
+    expected = [
+        {key: value for key, value in rule.items() if key != "comment"} for rule in profile["syscalls"]
+    ]
+    assert spec["syscalls"] == expected
+    pool = find(objects, "SandboxPool", "pool")
+    assert pool["spec"]["security"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "operator/cuda-agent/rel-cuda-agent-sandbox.json",
+    }
+
+
+def test_seccomp_installer_script_writes_the_profile_and_stops_on_sigterm(helm: Helm, tmp_path: Path) -> None:
+    """The DaemonSet's own shell script, run here with its two paths pointed at a temp dir."""
+    container = find(helm.template(), "DaemonSet", "-seccomp")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    source, target_dir = tmp_path / "profile" / "sandbox.json", tmp_path / "host" / "seccomp" / "cuda-agent"
+    source.parent.mkdir()
+    source.write_text(PROFILE.read_text())
+    (target_dir / "sandbox.json").parent.mkdir(parents=True)
+    (target_dir / "sandbox.json").write_text("{}")  # an old profile is replaced
+    proc = subprocess.Popen(
+        container["command"],
+        env={"PATH": os.environ["PATH"], "PROFILE_SOURCE": str(source), "PROFILE_DIR": str(target_dir)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == f"installed {target_dir}/sandbox.json"
+        assert (target_dir / "sandbox.json").read_text() == PROFILE.read_text()
+        assert sorted(p.name for p in target_dir.iterdir()) == ["sandbox.json"]
+        probe = [
+            arg.replace(env["PROFILE_SOURCE"], str(source)).replace(env["PROFILE_DIR"], str(target_dir))
+            for arg in container["readinessProbe"]["exec"]["command"]
+        ]
+        assert subprocess.run(probe, check=False).returncode == 0
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: proc.poll() is not None, "the installer to exit on SIGTERM", timeout=10)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_servicemonitor_only_when_the_prometheus_operator_is_served(helm: Helm) -> None:
+    assert not any(o["kind"] == "ServiceMonitor" for o in helm.template())
+    objects = helm.template("--api-versions", "monitoring.coreos.com/v1/ServiceMonitor")
+    monitor, service = find(objects, "ServiceMonitor"), find(objects, "Service", "-operator-metrics")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+
+
+def test_operator_deployment_is_restricted_and_its_args_parse(helm: Helm) -> None:
+    objects = helm.template(*EVERYTHING)
+    deployment = find(objects, "Deployment", "-operator")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deployment["spec"]["template"]["spec"]
+    # Every SandboxPool's NetworkPolicy admits the operator by this label.
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app.kubernetes.io/name"] == labels.OPERATOR_NAME
+    container = operator_container(objects)
+    assert container["command"] == ["cuda-agent", "operator"]
+    config = parse_args(container["args"])  # the operator's own parser and settings model
+    assert config.namespaces == () and config.liveness_endpoint == "http://0.0.0.0:8080/healthz"
+    assert config.metrics_port == 9090
+    assert config.trainer_image == OperatorConfig().trainer_image == "ghcr.io/cuda-agent/trainer:0.1.0"
+    assert config.otel_endpoint == "http://rel-cuda-agent-otel-collector.cuda-agent.svc:4318"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"healthz": 8080, "metrics": 9090}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    for name in ("-operator", "-minio", "-otel-collector"):
+        template = find(objects, "Deployment", name)["spec"]["template"]["spec"]
+        assert template["securityContext"]["runAsNonRoot"] is True
+        for c in template["containers"]:
+            assert c["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "runAsNonRoot": True,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            }, name
+    assert pod["serviceAccountName"] == find(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_images_have_one_home(helm: Helm) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
+    trainer = f"{values['trainer']['repository']}:{values['trainer']['tag']}"
+    assert trainer == OperatorConfig().trainer_image  # the operator's default when no flag is given
+    objects = helm.template("--set", "images.trainer.digest=sha256:" + "a" * 64)
+    config = parse_args(operator_container(objects)["args"])
+    assert config.trainer_image == f"{values['trainer']['repository']}@sha256:{'a' * 64}"
+
+
+def test_namespaced_watch_gets_roles_only_where_it_watches(helm: Helm) -> None:
+    objects = helm.template(
+        "--set", "operator.watch.allNamespaces=false", "--set", "operator.watch.namespaces={team-a,team-b}",
+    )  # fmt: skip
+    config = parse_args(operator_container(objects)["args"])
+    assert config.namespaces == ("team-a", "team-b")
+    roles = sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "Role")
+    bindings = sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding")
+    assert roles == bindings == ["team-a", "team-b"]
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    # Cluster-wide, the operator only reads: CRDs, and nodes and pods for gang admission.
+    assert {verb for rule in cluster_role["rules"] for verb in rule["verbs"]} <= {"get", "list", "watch"}
+    role = next(o for o in objects if o["kind"] == "Role")
+    (secrets,) = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert secrets == {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["cuda-agent-artifacts"],
+                       "verbs": ["get"]}  # fmt: skip
+    cluster = helm.template()
+    assert {o["metadata"]["name"] for o in cluster if o["kind"] == "ClusterRole"} == {
+        "rel-cuda-agent-operator",
+        "rel-cuda-agent-operator-cluster",
+    }
+    assert not any(o["kind"] == "Role" for o in cluster)
+
+
+def test_artifacts_secret_parses_with_the_operators_storage_config(helm: Helm) -> None:
+    minio = helm.template("--set", "minio.enabled=true", "--set", "artifacts.namespaces={team-a}")
+    secrets = [o for o in minio if o["kind"] == "Secret" and o["metadata"]["name"] == "cuda-agent-artifacts"]
+    assert sorted(s["metadata"]["namespace"] for s in secrets) == ["cuda-agent", "team-a"]
+    config = StorageConfig.from_secret(secrets[0])
+    assert config.endpoint_url == "http://rel-cuda-agent-minio.cuda-agent.svc:9000"
+    root = find(minio, "Secret", "-minio")["stringData"]
+    assert config.access_key == root["MINIO_ROOT_USER"]
+    assert config.secret_key is not None
+    assert config.secret_key.get_secret_value() == root["MINIO_ROOT_PASSWORD"]
+
+    external = helm.template(
+        "--set", "artifacts.external.endpoint=https://s3.us-east-1.amazonaws.com",
+        "--set", "artifacts.external.accessKey=AKIA", "--set", "artifacts.external.secretKey=s3cr3t",
+        "--set", "artifacts.external.region=us-east-1",
+    )  # fmt: skip
+    config = StorageConfig.from_secret(find(external, "Secret", "artifacts"))
+    assert (config.endpoint_url, config.access_key, config.region) == (
+        "https://s3.us-east-1.amazonaws.com",
+        "AKIA",
+        "us-east-1",
+    )
+    # Nothing to put in it: no Secret (NOTES.txt says how to create one).
+    assert not any(o["kind"] == "Secret" for o in helm.template())
+
+
+def test_sandbox_pools_from_values_are_valid_specs(helm: Helm) -> None:
+    objects = helm.template("-f", str(GPU_EXAMPLE), *EXAMPLE_KEYS)
+    pools = {o["metadata"]["name"]: o for o in objects if o["kind"] == "SandboxPool"}
+    assert set(pools) == {"h200-sandboxes", "h100-sandboxes", "h20-sandboxes"}
+    specs = {name: SandboxPoolSpec.model_validate(pool["spec"]) for name, pool in pools.items()}
+    h200 = specs["h200-sandboxes"]
+    assert h200.autoscaling is not None and h200.autoscaling.max_replicas * h200.gpu.count == 128
+    products = {spec.gpu.product for spec in specs.values()}
+    assert products == {"NVIDIA-H200", "NVIDIA-H100-80GB-HBM3", "NVIDIA-H20"}
+    for spec in specs.values():
+        assert spec.image == "ghcr.io/cuda-agent/sandbox:0.1.0"
+        assert spec.security.seccomp_profile.localhost_profile == "cuda-agent/sandbox.json"
+    # A pool that names its own profile keeps it as written.
+    own = "sandboxPools[0].spec.security.seccompProfile.type=RuntimeDefault"
+    objects = helm.template("--set", "sandboxPools[0].name=p", "--set", own)
+    spec = SandboxPoolSpec.model_validate(find(objects, "SandboxPool")["spec"])
+    assert spec.security.seccomp_profile.type == "RuntimeDefault"
+    assert spec.security.seccomp_profile.localhost_profile is None
+
+
+def test_minio_credentials_are_generated_once_per_render(helm: Helm) -> None:
+    # Generated at install; kept across upgrades by the chart's lookup (tests/install/test_install.py).
+    first, second = (find(helm.template("--set", "minio.enabled=true"), "Secret", "-minio") for _ in range(2))
+    assert len(first["stringData"]["MINIO_ROOT_PASSWORD"]) == 40
+    assert first["stringData"]["MINIO_ROOT_PASSWORD"] != second["stringData"]["MINIO_ROOT_PASSWORD"]
