@@ -130,8 +130,12 @@ def episode(
         "episodes": (REGISTRY.get_sample_value("cuda_agent_episodes_total", labels) or 0.0) - before,
         "in_flight": REGISTRY.get_sample_value("cuda_agent_episodes_in_flight") or 0.0,
     }
-    # Two judge runs, each with three phases, from the server.
-    spans = collector.wait_for(lambda got: sum(s.name == Stage.PROFILE for s in got) >= 2)
+    # The server exports in its own batches: wait for its last request (the session's deletion) and
+    # both judge runs' last phase.
+    spans = collector.wait_for(
+        lambda got: sum(s.name == Stage.PROFILE for s in got) >= 2
+        and any(s.name == "DELETE /v1/sessions/{session_id}" for s in got)
+    )
     yield trajectory, spans, counted
 
 

@@ -1,5 +1,7 @@
-"""Tracing and structured logging with the real OpenTelemetry SDK: spans captured by the SDK's
-in-memory exporter, and one export over OTLP/HTTP to a receiver on 127.0.0.1."""
+"""Tracing, metrics and structured logging with the real OpenTelemetry SDK and prometheus_client: spans
+captured by the SDK's in-memory exporter, exports over OTLP/HTTP to a receiver on 127.0.0.1 and to a file,
+trace context carried across a process boundary, /metrics scraped and parsed with prometheus_client's
+parser. The end-to-end episode trace is test_episode_trace.py."""
 
 from __future__ import annotations
 
@@ -7,25 +9,32 @@ import io
 import itertools
 import json
 import logging
-import threading
+import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from otlp_collector import running_collector
+from prometheus_client import REGISTRY, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
+from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.telemetry import (
     Stage,
     TelemetryConfig,
+    attached,
     build_exporter,
     configure_logging,
     configure_tracing,
+    inject_context,
+    past_span,
+    record_step,
+    serve_metrics,
     span,
     span_attributes,
 )
@@ -47,6 +56,11 @@ def _by_name(finished: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
     return {s.name: s for s in finished}
 
 
+def _parent_id(child: ReadableSpan) -> int:
+    assert child.parent is not None, f"{child.name} has no parent"
+    return child.parent.span_id
+
+
 def test_spans_nest_run_step_episode_turn_tool_call_judge_stages(spans: InMemorySpanExporter) -> None:
     with (
         span(Stage.RUN, run="tr-1"),
@@ -64,11 +78,9 @@ def test_spans_nest_run_step_episode_turn_tool_call_judge_stages(spans: InMemory
     chain = ["run", "step", "episode", "turn", "tool_call"]
     assert found["run"].parent is None
     for parent, child in itertools.pairwise(chain):
-        assert found[child].parent is not None
-        assert found[child].parent.span_id == found[parent].context.span_id
-    for stage in ("build", "verify", "profile"):
-        assert found[stage].parent is not None
-        assert found[stage].parent.span_id == found["tool_call"].context.span_id
+        assert _parent_id(found[child]) == found[parent].context.span_id
+    for phase in ("build", "verify", "profile"):
+        assert _parent_id(found[phase]) == found["tool_call"].context.span_id
     assert len({s.context.trace_id for s in found.values()}) == 1
     assert found["episode"].attributes == {"cuda_agent.task": "relu_fused", "cuda_agent.episode": 7}
     assert found["run"].resource.attributes["service.name"] == "cuda-agent"
@@ -127,33 +139,12 @@ def test_exporter_follows_otel_environment() -> None:
         TelemetryConfig.from_env({"OTEL_TRACES_EXPORTER": "zipkin"})
 
 
-class _Collector(BaseHTTPRequestHandler):
-    """Minimal OTLP/HTTP receiver: keeps each POST's path, content type and body."""
-
-    received: list[tuple[str, str, bytes]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.received.append((self.path, self.headers["Content-Type"], body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 def test_spans_reach_an_otlp_http_collector(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tracing_module, "_provider", None)
-    _Collector.received = []
-    server = HTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with running_collector() as collector:
         config = TelemetryConfig(
             service_name="trainer",
-            otlp_endpoint=f"http://127.0.0.1:{server.server_port}",
+            otlp_endpoint=collector.url,
             resource_attributes={"cuda_agent.run": "tr-1"},
         )
         provider = configure_tracing(config, set_global=False)
@@ -161,21 +152,167 @@ def test_spans_reach_an_otlp_http_collector(monkeypatch: pytest.MonkeyPatch) -> 
             pass
         assert provider.force_flush()
         provider.shutdown()
+
+    assert collector.requests, "the exporter sent nothing"
+    assert collector.requests[0] == ("/v1/traces", "application/x-protobuf")
+    assert {s.name for s in collector.spans} == {"run", "step"}
+    (run,) = (s for s in collector.spans if s.name == "run")
+    assert run.resource["service.name"] == "trainer"
+    assert run.resource["cuda_agent.run"] == "tr-1"
+    assert run.attributes == {"cuda_agent.run": "tr-1"}
+
+
+def test_resource_and_exporters_follow_the_environment(tmp_path: Path) -> None:
+    env = {
+        "CUDA_AGENT_RUN_NAME": "tr-7",
+        "CUDA_AGENT_RUN_NAMESPACE": "team-a",
+        "CUDA_AGENT_POOL_NAME": "h200-pool",
+        "HOSTNAME": "trainer-xyz",
+        "CUDA_AGENT_METRICS_PORT": "9464",
+    }
+    config = TelemetryConfig.from_env(env, service_name="cuda-agent-trainer")
+    assert config.service_name == "cuda-agent-trainer"
+    assert config.resource_attributes == {
+        "cuda_agent.run": "tr-7",
+        "cuda_agent.pool": "h200-pool",
+        "k8s.namespace.name": "team-a",
+        "k8s.pod.name": "trainer-xyz",
+    }
+    assert config.metrics_port == 9464 and config.exporter == "none"
+    # The downward API's names win over the fallbacks; OTEL_SERVICE_NAME over the process's default.
+    pod = TelemetryConfig.from_env(
+        {**env, "POD_NAME": "pool-0", "POD_NAMESPACE": "gpu", "OTEL_SERVICE_NAME": "mine"}, service_name="x"
+    )
+    assert pod.resource_attributes["k8s.pod.name"] == "pool-0"
+    assert pod.resource_attributes["k8s.namespace.name"] == "gpu"
+    assert pod.service_name == "mine"
+
+    with pytest.raises(ValueError, match="environment variable CUDA_AGENT_METRICS_PORT='http'"):
+        TelemetryConfig.from_env({"CUDA_AGENT_METRICS_PORT": "http"})
+
+    traces = tmp_path / "traces.jsonl"
+    to_file = TelemetryConfig.from_env({"CUDA_AGENT_TRACES_FILE": str(traces)})
+    assert to_file.exporter == "file"
+    with pytest.raises(ValueError, match="CUDA_AGENT_TRACES_FILE"):
+        build_exporter(TelemetryConfig(traces_exporter="file"))
+
+
+def test_file_exporter_writes_one_json_span_per_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(tracing_module, "_provider", None)
+    traces = tmp_path / "traces.jsonl"
+    provider = configure_tracing(TelemetryConfig(traces_file=str(traces)), set_global=False)
+    with span(Stage.EPISODE, episode_id="e1"), span(Stage.TURN, turn=0):
+        pass
+    provider.shutdown()
+    lines = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert [line["name"] for line in lines] == ["turn", "episode"]
+    assert lines[0]["parent_id"] == lines[1]["context"]["span_id"]
+    assert lines[1]["attributes"] == {"cuda_agent.episode_id": "e1"}
+
+
+def test_context_crosses_a_process_boundary_as_traceparent(spans: InMemorySpanExporter) -> None:
+    assert inject_context() == {}, "outside a span there is nothing to send"
+    with span(Stage.STEP, step=1) as step:
+        headers = {"Content-Type": "application/json"}
+        carrier = inject_context(headers)
+    trace_id = trace.format_trace_id(step.get_span_context().trace_id)
+    assert carrier["traceparent"].split("-")[1] == trace_id
+    assert headers["traceparent"] == carrier["traceparent"]
+
+    # The callee (another process: only the carrier crossed) opens its spans under the caller's.
+    with attached(carrier), span("actor.train_ppo", rank=0):
+        pass
+    with attached(None), span("unrelated"):
+        pass
+    found = _by_name(spans.get_finished_spans())
+    callee = found["actor.train_ppo"]
+    assert callee.parent is not None and callee.parent.span_id == step.get_span_context().span_id
+    assert callee.context.trace_id == step.get_span_context().trace_id
+    assert found["unrelated"].parent is None
+
+
+def test_past_span_records_an_interval_that_ended_elsewhere(spans: InMemorySpanExporter) -> None:
+    with span(Stage.JUDGE_RUN, stage="profile") as judge_run:
+        past_span(Stage.BUILD, 1_000, 5_000, compiled=True)
+        past_span(Stage.VERIFY, 5_000, 4_000)  # an end before the start is clamped
+    found = _by_name(spans.get_finished_spans())
+    build, verify = found["build"], found["verify"]
+    assert (build.start_time, build.end_time) == (1_000, 5_000)
+    assert (verify.start_time, verify.end_time) == (5_000, 5_000)
+    assert build.attributes == {"cuda_agent.compiled": True}
+    assert build.parent is not None and build.parent.span_id == judge_run.get_span_context().span_id
+
+
+def _scrape(url: str) -> dict[str, Metric]:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+
+
+def _value(family: Metric, name: str, **labels: str) -> float:
+    (value,) = [s.value for s in family.samples if s.name == name and s.labels == labels]
+    return value
+
+
+def test_trainer_step_metrics_are_served_for_prometheus() -> None:
+    syncs_before = REGISTRY.get_sample_value("cuda_agent_trainer_weight_sync_seconds_count") or 0.0
+    step_metrics = {
+        "reward": 1.5,
+        "pass_rate": 0.5,
+        "faster_than_compile_rate": 0.25,
+        "weight_sync_s": 0.2,
+        "rollout_s": 2.0,
+        "kl": 0.01,
+    }
+    record_step("ppo", 3, step_metrics, generated_tokens=400, rollout_gpus=2)
+    server = serve_metrics(0, host="127.0.0.1")
+    try:
+        families = _scrape(f"http://127.0.0.1:{server.server_port}/metrics")
     finally:
         server.shutdown()
         server.server_close()
+    stage = {"stage": "ppo"}
+    assert _value(families["cuda_agent_trainer_step"], "cuda_agent_trainer_step", **stage) == 3
+    assert _value(families["cuda_agent_trainer_reward"], "cuda_agent_trainer_reward", **stage) == 1.5
+    assert _value(families["cuda_agent_trainer_pass_rate"], "cuda_agent_trainer_pass_rate", **stage) == 0.5
+    name = "cuda_agent_trainer_rollout_tokens_per_second_per_gpu"
+    assert _value(families[name], name, **stage) == 100.0  # 400 tokens / 2 s / 2 GPUs
+    sync = families["cuda_agent_trainer_weight_sync_seconds"]
+    assert sync.type == "histogram"
+    assert _value(sync, "cuda_agent_trainer_weight_sync_seconds_count") == syncs_before + 1
 
-    assert _Collector.received, "the exporter sent nothing"
-    path, content_type, body = _Collector.received[0]
-    assert path == "/v1/traces"
-    assert content_type == "application/x-protobuf"
-    request = ExportTraceServiceRequest.FromString(body)
-    (resource_spans,) = request.resource_spans
-    resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
-    assert resource["service.name"] == "trainer"
-    assert resource["cuda_agent.run"] == "tr-1"
-    names = {s.name for scope in resource_spans.scope_spans for s in scope.spans}
-    assert names == {"run", "step"}
+
+def test_sandbox_metrics_render_through_prometheus_client() -> None:
+    metrics = Metrics()
+    metrics.inc("tool_calls_total", "tool calls", tool="bash", outcome="ok")
+    metrics.inc("tool_calls_total", "tool calls", 2, tool="bash", outcome="error")
+    metrics.inc("sessions_created_total", "sessions created")
+    metrics.observe("judge_run_seconds", "judge time", 0.3, stage="profile")
+    metrics.gauge("active_sessions", "sessions open now", lambda: [({}, 4)])
+    metrics.gauge("gpu_lock_queue", "waiting", lambda: [({"gpu": "0"}, 1), ({"gpu": "1"}, 0)])
+    metrics.counter_callback("gpu_lock_wait_seconds_total", "waited", lambda: [({"gpu": "0"}, 2.5)])
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+
+    p = "cuda_agent_sandbox_"
+    calls = families[p + "tool_calls"]
+    assert calls.type == "counter"
+    assert _value(calls, p + "tool_calls_total", outcome="error", tool="bash") == 2
+    assert metrics.counter_value("tool_calls_total", tool="bash", outcome="ok") == 1
+    assert metrics.counter_value("tool_calls_total", tool="write", outcome="ok") == 0
+    assert metrics.counter_sum("tool_calls_total") == 3
+    assert metrics.counter_value("never_counted_total") == 0
+    assert _value(families[p + "sessions_created"], p + "sessions_created_total") == 1
+    seconds = families[p + "judge_run_seconds"]
+    assert seconds.type == "histogram"
+    assert _value(seconds, p + "judge_run_seconds_bucket", stage="profile", le="0.5") == 1
+    assert _value(seconds, p + "judge_run_seconds_bucket", stage="profile", le="0.25") == 0
+    assert _value(families[p + "active_sessions"], p + "active_sessions") == 4
+    assert _value(families[p + "gpu_lock_queue"], p + "gpu_lock_queue", gpu="0") == 1
+    waited = families[p + "gpu_lock_wait_seconds"]
+    assert waited.type == "counter"
+    assert _value(waited, p + "gpu_lock_wait_seconds_total", gpu="0") == 2.5
+    # A family keeps the label names of its first use: a call with others is a bug, refused.
+    with pytest.raises(ValueError):
+        metrics.inc("tool_calls_total", "tool calls", tool="bash")
 
 
 @pytest.fixture
