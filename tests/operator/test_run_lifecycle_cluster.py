@@ -1,0 +1,147 @@
+"""A TrainingRun's life on a full cluster, against the real apiserver, scheduler and kwok (16 nodes x 8
+GPUs): two runs that each need 80 of the 128 GPUs (one runs, the other is Queued with the reason and
+starts when the first ends), a crash-looping trainer (the run fails with the kubelet's reason, nothing
+is re-created), a deadline, Events, the operator killed in the middle, its /metrics, and a SandboxPool
+whose pods do not answer.
+
+kwok plays the kubelet and runs no containers, so where a test needs a trainer to crash it writes the
+driver pod's status as a kubelet would (restart count, last termination OOMKilled, exit 137).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
+from test_run_cluster import artifacts_secret, run_manifest
+
+from cuda_agent.localhost import free_port
+
+
+def big_run(name: str, **run_policy: int) -> dict[str, Any]:
+    """A run of ten 8-GPU Ray workers (80 GPUs): two of them do not fit on 128 GPUs at once."""
+    manifest = run_manifest(name=name)
+    manifest["spec"]["resources"] = {"trainerGpus": 40, "rolloutGpus": 40}
+    manifest["spec"]["runPolicy"] = run_policy
+    return manifest
+
+
+def status(ns: Namespace, name: str) -> dict[str, Any]:
+    return dict((ns.get_or_none("trainingrun", name) or {}).get("status") or {})
+
+
+def condition(ns: Namespace, name: str, kind: str) -> dict[str, Any]:
+    return ns.condition(f"trainingrun/{name}", kind) or {}
+
+
+def run_pods(ns: Namespace, name: str) -> list[str]:
+    pods = ns.items("pods", "-l", f"cuda-agent.io/training-run={name}")
+    return sorted(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
+
+
+def crash_loop(ns: Namespace, pod: str, restarts: int) -> None:
+    """What the kubelet writes for a container OOM-killed `restarts` times and backing off."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    image = ns.get("pod", pod)["spec"]["containers"][0]["image"]
+    container = {
+        "name": "trainer", "image": image, "imageID": "", "ready": False, "started": False,
+        "restartCount": restarts,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting container"}},
+        "lastState": {
+            "terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": now, "finishedAt": now}
+        },
+    }  # fmt: skip
+    patch = {"status": {"containerStatuses": [container]}}
+    ns.kubectl("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
+    prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
+    line = next((line for line in text.splitlines() if line.startswith(prefix)), None)
+    return float(line.split()[-1]) if line else None
+
+
+def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadline_ends_a_run(
+    namespace: Namespace, operator_factory: Callable[..., OperatorProcess]
+) -> None:
+    port = free_port()
+    operator = operator_factory("--metrics-port", str(port))
+    namespace.apply(artifacts_secret())
+    # An autoscaled pool whose pod never answers (kwok's pod IPs are outside --probe-network).
+    namespace.apply(
+        pool_manifest(
+            "pool", 1, autoscaling={"minReplicas": 1, "maxReplicas": 2, "targetSessionsPerReplica": 1}
+        )
+    )
+    namespace.apply(big_run("first", backoffLimit=1))
+    wait_for(lambda: len(run_pods(namespace, "first")) >= 11, "the first run's Ray head and 10 workers")
+    assert condition(namespace, "first", "Admitted")["reason"] == "GangAdmitted"
+
+    # The second does not fit while the first holds its GPUs: Queued, with the numbers, and no pod.
+    namespace.apply(big_run("second", startTimeoutSeconds=10, activeDeadlineSeconds=15))
+    wait_for(lambda: status(namespace, "second").get("phase") == "Queued", "the second run to be Queued")
+    admitted = condition(namespace, "second", "Admitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "InsufficientGPU")
+    assert "80 GPUs" in admitted["message"] and "starts by itself" in admitted["message"]
+
+    # The operator dies and comes back: nothing is duplicated, the second run is still queued.
+    operator.kill()
+    operator.start()
+    wait_for(lambda: status(namespace, "first").get("phase") == "WarmingUp", "the first run's trainer")
+    assert status(namespace, "second")["phase"] == "Queued" and not run_pods(namespace, "second")
+    assert len(run_pods(namespace, "first")) == 12  # head, 10 workers, driver
+
+    # The pool's pod does not answer: its load is Unknown, not zero sessions.
+    reported = wait_for(lambda: namespace.condition("sandboxpool/pool", "LoadReported"), "LoadReported")
+    assert (reported["status"], reported["reason"]) == ("Unknown", "PodsNotAnswering")
+    assert "activeSessions" not in namespace.get("sandboxpool", "pool")["status"]
+
+    # The first run's trainer is OOM-killed twice (backoffLimit 1): Failed with the kubelet's reason.
+    crash_loop(namespace, "first-driver", restarts=2)
+    wait_for(lambda: status(namespace, "first").get("phase") == "Failed", "the first run to fail")
+    failed = condition(namespace, "first", "Failed")
+    assert failed["reason"] == "OOMKilled" and "exit 137" in failed["message"]
+    assert "backoffLimit=1" in failed["message"] and "log" in failed["message"]
+    wait_for(lambda: not run_pods(namespace, "first"), "the first run's compute to go")
+
+    # Its GPUs free, the second run starts by itself; its deadline then ends it.
+    wait_for(lambda: status(namespace, "second").get("phase") == "WarmingUp", "the second run to start")
+    assert status(namespace, "second").get("startTime")
+    wait_for(lambda: status(namespace, "second").get("phase") == "Failed", "the second run's deadline")
+    assert condition(namespace, "second", "Failed")["reason"] == "DeadlineExceeded"
+    wait_for(lambda: not run_pods(namespace, "second"), "the second run's compute to go")
+
+    # An ended run creates nothing, however many passes follow (a change to a run is a pass).
+    before = metric_value(port, "TrainingRun")
+    for touch in range(2):
+        for name in ("first", "second"):
+            namespace.kubectl("annotate", "--overwrite", "trainingrun", name, f"example.com/touch={touch}")
+    wait_for(lambda: metric_value(port, "TrainingRun") >= before + 4, "passes over the ended runs")
+    assert not run_pods(namespace, "first") and not run_pods(namespace, "second")
+    assert status(namespace, "first")["phase"] == "Failed"
+
+    # Events tell the story; the operator logged one JSON line per changing pass.
+    reasons = {e["reason"]: e for e in namespace.items("events") if e["involvedObject"]["kind"] != "Pod"}
+    assert {"Queued", "WarmingUp", "Failed", "OOMKilled", "DeadlineExceeded", "PodsNotAnswering"} <= set(
+        reasons
+    )
+    assert reasons["OOMKilled"]["type"] == "Warning" and reasons["Queued"]["type"] == "Normal"
+    assert '"phase": "Queued"' in operator.log_text()
+    text = scrape(port)
+    assert metric(text, "cuda_agent_operator_queued_trainingruns") == 0
+    assert metric(text, "cuda_agent_operator_workqueue_depth") is not None
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def metric_value(port: int, kind: str) -> float:
+    found = metric(scrape(port), "cuda_agent_operator_reconciles_total", kind=kind, result="ok")
+    return found or 0.0
