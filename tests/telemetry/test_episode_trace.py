@@ -133,8 +133,10 @@ def episode(
     # The server exports in its own batches: wait for its last request (the session's deletion) and
     # both judge runs' last phase.
     spans = collector.wait_for(
-        lambda got: sum(s.name == Stage.PROFILE for s in got) >= 2
-        and any(s.name == "DELETE /v1/sessions/{session_id}" for s in got)
+        lambda got: (
+            sum(s.name == Stage.PROFILE for s in got) >= 2
+            and any(s.name == "DELETE /v1/sessions/{session_id}" for s in got)
+        )
     )
     yield trajectory, spans, counted
 
@@ -224,7 +226,9 @@ def test_server_metrics_parse_and_count_the_episode(
         content_type = response.headers["Content-Type"]
         text = response.read().decode()
     assert content_type.startswith("text/plain")
-    families = {f.name: f for f in text_string_to_metric_families(text)}
+    parsed = list(text_string_to_metric_families(text))
+    families = {f.name: f for f in parsed}
+    assert len(families) == len(parsed), "two families share a name"
 
     def sample(family: str, name: str, **labels: str) -> float:
         values = [s.value for s in families[family].samples if s.name == name and s.labels == labels]

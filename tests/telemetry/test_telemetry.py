@@ -289,7 +289,7 @@ def test_sandbox_metrics_render_through_prometheus_client() -> None:
     metrics.observe("judge_run_seconds", "judge time", 0.3, stage="profile")
     metrics.gauge("active_sessions", "sessions open now", lambda: [({}, 4)])
     metrics.gauge("gpu_lock_queue", "waiting", lambda: [({"gpu": "0"}, 1), ({"gpu": "1"}, 0)])
-    metrics.counter_callback("gpu_lock_wait_seconds_total", "waited", lambda: [({"gpu": "0"}, 2.5)])
+    metrics.counter_callback("gpu_lock_queued_seconds_total", "waited", lambda: [({"gpu": "0"}, 2.5)])
     families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
 
     p = "cuda_agent_sandbox_"
@@ -307,9 +307,9 @@ def test_sandbox_metrics_render_through_prometheus_client() -> None:
     assert _value(seconds, p + "judge_run_seconds_bucket", stage="profile", le="0.25") == 0
     assert _value(families[p + "active_sessions"], p + "active_sessions") == 4
     assert _value(families[p + "gpu_lock_queue"], p + "gpu_lock_queue", gpu="0") == 1
-    waited = families[p + "gpu_lock_wait_seconds"]
+    waited = families[p + "gpu_lock_queued_seconds"]
     assert waited.type == "counter"
-    assert _value(waited, p + "gpu_lock_wait_seconds_total", gpu="0") == 2.5
+    assert _value(waited, p + "gpu_lock_queued_seconds_total", gpu="0") == 2.5
     # A family keeps the label names of its first use: a call with others is a bug, refused.
     with pytest.raises(ValueError):
         metrics.inc("tool_calls_total", "tool calls", tool="bash")

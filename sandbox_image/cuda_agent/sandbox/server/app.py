@@ -214,8 +214,9 @@ class SandboxServer:
             lambda: [({"gpu": str(g.index)}, g.lock_queue) for g in self._scrape().gpus],
         )
         m.counter_callback(
-            "gpu_lock_wait_seconds_total",
-            "time spent waiting for this GPU's lock",
+            # Not `gpu_lock_wait_seconds_total`: that is the histogram gpu_lock_wait_seconds's family.
+            "gpu_lock_queued_seconds_total",
+            "time judge runs spent queued for this GPU's lock",
             lambda: [({"gpu": str(g.index)}, g.lock_wait_total_s) for g in self._scrape().gpus],
         )
 

@@ -48,7 +48,7 @@ class Metrics:
     PREFIX = "cuda_agent_sandbox_"
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry()
         self.counters: dict[str, Counter] = {}
         self.histograms: dict[str, Histogram] = {}
         self._callbacks = _Callbacks(self.PREFIX)
