@@ -163,7 +163,6 @@ def _refilter(args: argparse.Namespace) -> int:
     benchmark = synth.benchmark_index(config.benchmark)
     from cuda_agent.data.pipeline import filter_samples
     from cuda_agent.data.published import jsonl, write_bytes
-    from cuda_agent.storage import join_uri
 
     with _progress_bar(len(samples), "filtered") as bar:
         bar.update(len(samples) - len(pending))
@@ -172,7 +171,7 @@ def _refilter(args: argparse.Namespace) -> int:
             results = list(
                 filter_samples(batch, config.filters, benchmark, workers=args.workers, use_ray=args.ray)
             )
-            write_bytes(join_uri(config.out, f"shards/{batch[0].id}.jsonl"), jsonl(results))
+            write_bytes(synth.shard_uri(config.out, batch[0].id), jsonl(results))
             done.update((s.id, s) for s in results)
             bar.update(len(batch))
     print(synth.finalize(config, done).model_dump_json(indent=2))

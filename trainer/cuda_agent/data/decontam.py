@@ -10,7 +10,9 @@ The measure (docs/data.md, "Decontamination"):
      and `self.<attr>` by `self.a0`, `self.a1`... (renaming a variable or a layer changes nothing),
    - module aliases (`torch`, `nn`, `F`, `math`, `np`) replaced by `mod` (`torch.relu` = `F.relu`),
    - API attribute names kept (`relu`, `Conv2d`, `sum`: the operators are what makes two tasks the same),
-   - constants replaced by their type (changing a size or an eps changes nothing), keyword names kept.
+   - numbers, and names standing for sizes (parameters of `__init__`, module-level constants), replaced
+     by `num` (passing a size in or writing it as a literal changes nothing); other constants by their
+     type; keyword names kept.
 3. Similarity = difflib's SequenceMatcher ratio of the two sequences (2 * matches / total length), in
    [0, 1]. A sample is dropped when its similarity to any benchmark task exceeds the threshold (0.9).
 """
@@ -26,7 +28,8 @@ _MODULE_ALIASES = {"torch", "nn", "F", "math", "np", "numpy", "functional"}
 
 
 class _Tokenizer(ast.NodeVisitor):
-    def __init__(self) -> None:
+    def __init__(self, sizes: set[str]) -> None:
+        self.sizes = sizes
         self.tokens: list[str] = []
         self._names: dict[str, str] = {}
         self._attrs: dict[str, str] = {}
@@ -39,6 +42,8 @@ class _Tokenizer(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if node.id in _MODULE_ALIASES:
             self.tokens.append("mod")
+        elif node.id in self.sizes:
+            self.tokens.append("num")
         else:
             self.tokens.append(self._names.setdefault(node.id, f"v{len(self._names)}"))
 
@@ -53,7 +58,8 @@ class _Tokenizer(ast.NodeVisitor):
         self.visit(node.value)
 
     def visit_Constant(self, node: ast.Constant) -> None:
-        self.tokens.append(f"Constant:{type(node.value).__name__}")
+        number = isinstance(node.value, int | float) and not isinstance(node.value, bool)
+        self.tokens.append("num" if number else f"Constant:{type(node.value).__name__}")
 
     def visit_keyword(self, node: ast.keyword) -> None:
         self.tokens.append(f"kw:{node.arg}")
@@ -77,21 +83,33 @@ def _is_docstring(stmt: ast.stmt) -> bool:
     )
 
 
-def _computation(tree: ast.Module) -> list[ast.stmt]:
+def _computation(tree: ast.Module) -> tuple[list[ast.stmt], set[str]]:
+    """The statements that compute, and the names that stand for sizes."""
+    sizes = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Model":
             body: list[ast.stmt] = []
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name in ("__init__", "forward"):
                     body += [s for s in item.body if not _is_super_init(s) and not _is_docstring(s)]
-            return body
-    return [s for s in tree.body if not isinstance(s, ast.Import | ast.ImportFrom) and not _is_docstring(s)]
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    sizes |= {arg.arg for arg in item.args.args[1:] + item.args.kwonlyargs}
+            return body, sizes
+    top = [s for s in tree.body if not isinstance(s, ast.Import | ast.ImportFrom) and not _is_docstring(s)]
+    return top, set()
 
 
 def signature_tokens(code: str) -> list[str]:
     """The token sequence of a task's computation (see the module docstring). Raises SyntaxError."""
-    tokenizer = _Tokenizer()
-    for stmt in _computation(ast.parse(code)):
+    body, sizes = _computation(ast.parse(code))
+    tokenizer = _Tokenizer(sizes)
+    for stmt in body:
         tokenizer.visit(stmt)
     return tokenizer.tokens
 

@@ -60,8 +60,8 @@ class SynthConfig(BaseModel):
         return self.max_candidates or 20 * self.n
 
 
-def _shard_name(config: SynthConfig, first: int) -> str:
-    return join_uri(config.out, f"shards/{sample_id(config.seed, first)}.jsonl")
+def shard_uri(out: str, first_id: str) -> str:
+    return join_uri(out, f"shards/{first_id}.jsonl")
 
 
 def load_existing(out: str) -> dict[str, Sample]:
@@ -112,7 +112,7 @@ def run(
         progress(min(accepted, config.n))
     index = 0
     while accepted < config.n and index < config.candidate_limit:
-        first, batch = index, list[Sample]()
+        batch: list[Sample] = []
         while len(batch) < config.batch_size and index < config.candidate_limit:
             if sample_id(config.seed, index) not in done:
                 batch.append(composer.compose(index))
@@ -122,7 +122,8 @@ def run(
         results = list(
             filter_samples(batch, config.filters, benchmark, workers=config.workers, use_ray=config.use_ray)
         )
-        write_bytes(_shard_name(config, first), jsonl(results))
+        # Named by its first sample: a resumed run's batches never overwrite an earlier shard.
+        write_bytes(shard_uri(config.out, batch[0].id), jsonl(results))
         done.update((s.id, s) for s in results)
         new = sum(1 for s in results if s.accepted)
         if progress:
