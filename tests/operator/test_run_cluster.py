@@ -143,6 +143,7 @@ def test_run_validates_references_trains_reports_suspends_resumes_and_is_deleted
         "Checkpointing",
     )
     assert checkpointing["status"] == "False" and ray_pods(namespace)
+    assert phase(namespace) == "Running"  # the trainer still trains while it writes the checkpoint
     report(namespace, {"step": 3, "lastCheckpoint": "s3://checkpoints/run/step-3"})
     wait_for(lambda: phase(namespace) == "Suspended" and not ray_pods(namespace), "suspension to zero pods")
     assert condition_true(namespace, "Suspended")

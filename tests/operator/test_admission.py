@@ -1,0 +1,78 @@
+"""Gang admission from node allocatable and pod requests (pure parts), and the Events of transitions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuda_agent.operator.admission import Capacity, capacity, fits, gang_condition
+from cuda_agent.operator.events import changed_fields, condition_events
+
+
+def node(name: str, gpus: int, ready: bool = True, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": spec,
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod(gpus: int, node_name: str | None = None, run: str | None = None) -> dict[str, Any]:
+    labels = {"cuda-agent.io/training-run": run} if run else {}
+    spec: dict[str, Any] = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def test_free_gpus_are_allocatable_minus_bound_requests_on_schedulable_nodes() -> None:
+    nodes = [
+        node("a", 8),
+        node("b", 8),
+        node("cordoned", 8, unschedulable=True),
+        node("down", 8, ready=False),
+        node("tainted", 8, taints=[{"key": "maintenance", "effect": "NoSchedule"}]),
+        node("gpu-taint", 8, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
+    ]
+    pods = [pod(3, "a"), pod(8, "b"), pod(8, run="other"), pod(8), pod(0, "a")]
+    found = capacity(nodes, pods)
+    assert dict(found.free) == {"a": 5, "b": 0, "gpu-taint": 8}
+    # Another run's unbound pods are promised; a stranger's unschedulable pod is not counted.
+    assert list(found.promised) == [8] and found.total == 24
+
+
+def test_the_whole_gang_must_fit_at_once() -> None:
+    free = Capacity({"a": 8, "b": 8, "c": 4}, (), 20)
+    assert fits([8, 8], free)
+    assert not fits([8, 8, 8], free)  # 20 GPUs are free, but not three whole nodes
+    assert fits([8, 4, 4], Capacity({"a": 8, "b": 8}, (), 16))
+    assert not fits([8], Capacity({"a": 8, "b": 8}, (8, 8), 16))  # promised to a gang in flight
+
+
+def test_queued_and_too_large_runs_say_why_and_what_to_do() -> None:
+    waiting = gang_condition([8] * 10, Capacity({f"n{i}": 8 for i in range(16)}, [8] * 10, 128))
+    assert (waiting.status, waiting.reason) == (False, "InsufficientGPU")
+    assert "80 GPUs" in waiting.message and "48 of 128" in waiting.message
+    too_large = gang_condition([8] * 20, Capacity({f"n{i}": 8 for i in range(16)}, (), 128))
+    assert too_large.reason == "GangTooLarge" and "spec.resources" in too_large.message
+    assert gang_condition([8], Capacity({"a": 8}, (), 8)).status is True
+
+
+def test_events_follow_transitions_only() -> None:
+    before = {"conditions": [{"type": "Failed", "status": "False", "reason": "NotFailed", "message": "x"}]}
+    after = {
+        "phase": "Failed",
+        "conditions": [
+            {"type": "Failed", "status": "True", "reason": "OOMKilled", "message": "exit 137"},
+            {"type": "Training", "status": "False", "reason": "NotTraining", "message": "idle"},
+        ],
+    }
+    events = condition_events(before, after, lambda c: c["type"] == "Failed" and c["status"] == "True")
+    assert [(e.warning, e.reason) for e in events] == [(True, "OOMKilled")]  # a new False is no news
+    assert condition_events(after, after, lambda c: True) == []
+    assert changed_fields(before, after) == {
+        "phase": "Failed",
+        "conditions": ["Failed=True/OOMKilled", "Training=False/NotTraining"],
+    }
