@@ -20,7 +20,7 @@ from cuda_agent.data.cli import main as data_main
 from cuda_agent.data.compose import EndpointConfig, LLMComposer, ProgrammaticComposer, openai_chat
 from cuda_agent.data.filters import evaluate
 from cuda_agent.data.pipeline import filter_samples
-from cuda_agent.data.published import ops6k_parquet, read_kernelbench, read_ops6k, write_ops6k
+from cuda_agent.data.published import read_kernelbench, read_ops6k, write_ops6k
 from cuda_agent.data.records import FilterConfig, Sample
 
 QUICK = "composed,decontamination,no_stochastic_ops,runs_eager,deterministic,nontrivial_output,runtime"
@@ -77,7 +77,7 @@ def test_ops6k_parquet_round_trip(tmp_path: Path) -> None:
     (read,) = read_ops6k(str(tmp_path / "released.parquet"))
     assert read.ops == ["nn.Linear", "nn.GELU"] and read.id == "ops6k-00000" and read.code == "c = 1\n"
     pq.write_table(pa.table({"ops": [["x"]], "code": ["c"]}), tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match="missing column.*data_source"):
+    with pytest.raises(ValueError, match=r"missing column.*data_source"):
         read_ops6k(str(tmp_path / "bad.parquet"))
 
 
@@ -145,7 +145,8 @@ class _StandInModel(BaseHTTPRequestHandler):
         "Here it is:\n```python\nimport torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.norm = nn.LayerNorm(64)\n\n"
         "    def forward(self, x):\n        return torch.tanh(self.norm(x)).sum(dim=-1)\n\n\n"
-        "def get_inputs():\n    return [torch.randn(16, 64)]\n\n\ndef get_init_inputs():\n    return []\n```\n"
+        "def get_inputs():\n    return [torch.randn(16, 64)]\n\n\n"
+        "def get_init_inputs():\n    return []\n```\n"
     )
     prompts: list[Any] = []
 
