@@ -9,13 +9,14 @@ side, `attached(carrier)` on the callee's.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 
 from opentelemetry import context, propagate, trace
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import PROCESS_PID, SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -82,7 +83,10 @@ def configure_tracing(
     the global provider to be set once per process; `set_global=False` leaves it alone."""
     global _provider
     config = TelemetryConfig.from_env() if config is None else config
-    resource = Resource.create({SERVICE_NAME: config.service_name, **config.resource_attributes})
+    # process.pid tells apart the processes of one service (Ray actors, restarted servers).
+    resource = Resource.create(
+        {SERVICE_NAME: config.service_name, PROCESS_PID: os.getpid(), **config.resource_attributes}
+    )
     provider = TracerProvider(resource=resource)
     exporter = build_exporter(config)
     if exporter is not None:
