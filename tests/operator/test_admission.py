@@ -76,3 +76,50 @@ def test_events_follow_transitions_only() -> None:
         "phase": "Failed",
         "conditions": ["Failed=True/OOMKilled", "Training=False/NotTraining"],
     }
+
+
+def test_ray_pods_join_the_gang_of_the_installed_scheduler() -> None:
+    from dataclasses import replace
+
+    from cuda_agent.api.trainingrun import TrainingRunSpec
+    from cuda_agent.operator.run_children import (
+        GangScheduling,
+        RunContext,
+        cluster_gang_labels,
+        pod_group,
+        ray_pods,
+    )
+
+    run = RunContext("run", "team", "uid", "img", "artifacts", "s3://b/p", None, None)
+    spec = TrainingRunSpec.model_validate(
+        {
+            "model": {"base": "s3://models/m"},
+            "dataset": {"uri": "s3://data/d"},
+            "sandboxPoolRef": {"name": "pool"},
+            "resources": {"trainerGpus": 8, "rolloutGpus": 8},
+        }
+    )
+    assert pod_group(run, spec) is None and "schedulerName" not in ray_pods(run, spec)[1]["spec"]
+
+    cosched = replace(run, gang=GangScheduling("coscheduling", scheduler_name="sp-scheduler"))
+    group = pod_group(cosched, spec)
+    assert group is not None and group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert group["spec"]["minMember"] == 3 and group["spec"]["minResources"] == {"nvidia.com/gpu": "16"}
+    for pod in ray_pods(cosched, spec):
+        assert pod["spec"]["schedulerName"] == "sp-scheduler"
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "run-ray"
+
+    volcano = replace(run, gang=GangScheduling("volcano"))
+    group = pod_group(volcano, spec)
+    assert group is not None and group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    worker = ray_pods(volcano, spec)[1]
+    assert worker["spec"]["schedulerName"] == "volcano"
+    assert worker["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "run-ray"
+
+    kueue = replace(run, gang=GangScheduling("kueue", queue="team-queue"))
+    assert pod_group(kueue, spec) is None
+    head = ray_pods(kueue, spec)[0]
+    assert head["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
+    assert head["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "3"
+    assert cluster_gang_labels(kueue) == {"kueue.x-k8s.io/queue-name": "team-queue"}
+    assert cluster_gang_labels(volcano) == {"ray.io/gang-scheduling-enabled": "true"}

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+from fixtures.cluster import KubeCluster
 from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
 from test_run_cluster import artifacts_secret, run_manifest
 
@@ -145,3 +147,76 @@ def scrape(port: int) -> str:
 def metric_value(port: int, kind: str) -> float:
     found = metric(scrape(port), "cuda_agent_operator_reconciles_total", kind=kind, result="ok")
     return found or 0.0
+
+
+POD_GROUP_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podgroups.scheduling.x-k8s.io"},
+    "spec": {
+        "group": "scheduling.x-k8s.io",
+        "names": {
+            "kind": "PodGroup",
+            "listKind": "PodGroupList",
+            "plural": "podgroups",
+            "singular": "podgroup",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture
+def podgroup_crd(kube_cluster: KubeCluster) -> Iterator[None]:
+    """scheduler-plugins' PodGroup API, without its scheduler: the test binds the pods as it would."""
+    kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(POD_GROUP_CRD))
+    kube_cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/podgroups.scheduling.x-k8s.io"
+    )
+    yield
+    kube_cluster.kubectl("delete", "crd", "podgroups.scheduling.x-k8s.io", "--wait=true", "--timeout=60s")
+
+
+def test_a_run_is_handed_to_coscheduling_when_podgroups_are_served(
+    podgroup_crd: None, namespace: Namespace, operator_factory: Callable[..., OperatorProcess]
+) -> None:
+    operator_factory("--gang-scheduler-name", "coscheduler")
+    namespace.apply(pool_manifest("pool", 0))
+    namespace.apply(artifacts_secret())
+    namespace.apply(run_manifest())  # 4 + 4 GPUs: a head and one 8-GPU worker
+    group = wait_for(lambda: namespace.get_or_none("podgroup", "run-ray"), "the run's PodGroup")
+    assert group["spec"]["minMember"] == 2 and group["spec"]["minResources"] == {"nvidia.com/gpu": "8"}
+    wait_for(lambda: len(run_pods(namespace, "run")) == 2, "the Ray head and worker")
+    # No scheduler named "coscheduler" runs here: the pods wait, and the run says for what.
+    wait_for(lambda: status(namespace, "run").get("phase") == "Queued", "Queued")
+    assert condition(namespace, "run", "Admitted")["reason"] == "WaitingForGangScheduler"
+    for name in run_pods(namespace, "run"):
+        pod = namespace.get("pod", name)
+        assert pod["spec"]["schedulerName"] == "coscheduler"
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "run-ray"
+
+    # Stand in for coscheduling: bind the whole gang at once. kwok runs the pods; the run starts.
+    node = namespace.cluster.nodes[0]
+    for name in run_pods(namespace, "run"):
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        namespace.kubectl("create", "-f", "-", input=json.dumps(binding))
+    wait_for(
+        lambda: condition(namespace, "run", "Admitted").get("reason") == "GangScheduled", "GangScheduled"
+    )
+    assert status(namespace, "run").get("startTime")

@@ -2,12 +2,14 @@
 
 Without it, two runs that each need most of the cluster each get some of their workers placed and wait
 forever for the rest. Where the ecosystem's queueing is installed the operator leaves the decision to it:
-a run labelled `kueue.x-k8s.io/queue-name` on a cluster that serves Kueue's Workload API is admitted by
-Kueue (which suspends the run until its quota is reserved, then sets `spec.suspend: false`). Otherwise the
-operator checks capacity itself: node allocatable GPUs minus the requests of the pods bound to each node,
-and minus the pending pods of runs it admitted a moment ago (their pods are not bound yet); the run's
-Ray workers must all fit, first-fit-decreasing. A run that does not fit stays Queued and is checked again
-every sync period and whenever one of its own objects changes.
+a run labelled `kueue.x-k8s.io/queue-name` on a cluster that serves Kueue's Workload API has its Ray pods
+admitted as one group by Kueue (its plain-pod integration: the pods wait on a scheduling gate until the
+group's quota is reserved; a KubeRay RayCluster carries the queue label instead); where scheduler-plugins'
+coscheduling or Volcano serves PodGroups, the operator creates one for the Ray pods (minMember = head and
+every worker). Otherwise the operator checks capacity itself: node allocatable GPUs minus the requests
+of the pods bound to each node, and minus the pending pods of runs it admitted a moment ago (their pods
+are not bound yet); the run's Ray workers must all fit, first-fit-decreasing. A run that does not fit
+stays Queued and is checked again every sync period and whenever one of its own objects changes.
 """
 
 from __future__ import annotations
@@ -20,10 +22,18 @@ from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.conditions import Condition
 from cuda_agent.operator.kube import Kube, Manifest
-from cuda_agent.operator.views import GPU_RESOURCE, pod_gpus
+from cuda_agent.operator.run_children import (
+    COSCHEDULING,
+    KUEUE,
+    KUEUE_QUEUE_LABEL,
+    POD_GROUP_APIS,
+    VOLCANO,
+    GangScheduling,
+)
+from cuda_agent.operator.views import GPU_RESOURCE, PodView, pod_gpus
 
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_API = ("kueue.x-k8s.io/v1beta1", "workloads")
+POD_GROUPS = "podgroups"
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
@@ -128,9 +138,38 @@ async def read_capacity(kube: Kube) -> Capacity:
     return capacity(nodes, pods)
 
 
-async def kueue_queue(kube: Kube, labels: Mapping[str, Any]) -> str | None:
-    """The Kueue LocalQueue that admits this run, when it names one and Kueue is installed."""
+async def gang_scheduler(kube: Kube, labels: Mapping[str, Any], scheduler_name: str) -> GangScheduling:
+    """Which installed mechanism places the run's Ray pods as one gang: Kueue when the run names a
+    LocalQueue and Kueue is served, else scheduler-plugins' coscheduling, else Volcano, else none (the
+    operator's own capacity check)."""
     queue = labels.get(KUEUE_QUEUE_LABEL)
-    if not queue or not await kube.serves(*KUEUE_API):
-        return None
-    return str(queue)
+    if queue and await kube.serves(*KUEUE_API):
+        return GangScheduling(KUEUE, queue=str(queue))
+    if await kube.serves(POD_GROUP_APIS[COSCHEDULING], POD_GROUPS):
+        return GangScheduling(COSCHEDULING, scheduler_name=scheduler_name)
+    if await kube.serves(POD_GROUP_APIS[VOLCANO], POD_GROUPS):
+        return GangScheduling(VOLCANO)
+    return GangScheduling()
+
+
+def gang_placed(gang: GangScheduling, pods: Sequence[PodView], members: int) -> Condition:
+    """The Admitted condition of a run whose gang a scheduler admits: True once every Ray pod is bound
+    to a node; until then the pods wait (Kueue's scheduling gate, or the PodGroup's quorum) (pure)."""
+    ray = [
+        p
+        for p in pods
+        if p.component in (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER) and not p.terminating
+    ]
+    bound = sum(1 for p in ray if p.node)
+    where = f"LocalQueue {gang.queue}" if gang.mechanism == KUEUE else f"its {gang.mechanism} PodGroup"
+    if bound >= members:
+        return Condition(
+            RunCondition.ADMITTED, True, "GangScheduled", f"{gang.mechanism} placed all {members} Ray pods"
+        )
+    return Condition(
+        RunCondition.ADMITTED,
+        False,
+        "WaitingForGangScheduler",
+        f"{bound}/{members} Ray pods placed; {gang.mechanism} binds them together once the whole gang fits "
+        f"({where}); the run starts by itself then",
+    )

@@ -12,6 +12,8 @@ from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.kube import KubeError, Manifest
 from cuda_agent.operator.views import ChildView
 
+UNWATCHED = ("PodGroup",)  # children of optional APIs the operator writes but does not watch
+
 
 async def apply_changed(
     context: OperatorContext, manifests: Sequence[Manifest], live: Mapping[tuple[str, str], ChildView]
@@ -30,6 +32,8 @@ async def apply_changed(
         child = live.get((manifest["kind"], meta["name"]))
         if child is not None and wanted in (child.spec_hash, context.applied.get(key)):
             continue
+        if manifest["kind"] in UNWATCHED and context.applied.get(key) == wanted:
+            continue  # not in any watch index: this process's own record is all there is
         try:
             await context.kube.apply(manifest)
         except KubeError as error:

@@ -51,6 +51,9 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser.add_argument("--otel-endpoint", help="OTLP endpoint given to trainer pods")
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
+        "--gang-scheduler-name", help="schedulerName of Ray pods under scheduler-plugins' coscheduling"
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus /metrics on this port (0: off)"
     )
     parser.add_argument(
@@ -101,6 +104,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         "run_dir",
         "restart_backoff",
         "pvc_root",
+        "gang_scheduler_name",
     ):
         if getattr(args, option) is not None:
             values[option] = getattr(args, option)

@@ -95,6 +95,11 @@ class OperatorConfig(BaseModel):
     liveness_endpoint: str | None = Field(
         default=None, description="Kopf's liveness endpoint, e.g. http://0.0.0.0:8080/healthz."
     )
+    gang_scheduler_name: str = Field(
+        default="scheduler-plugins-scheduler",
+        description="schedulerName of Ray pods when scheduler-plugins' coscheduling serves PodGroups "
+        "(it runs as a second scheduler; this is its Helm chart's default name).",
+    )
     metrics_port: int = Field(
         default=0, ge=0, le=65_535, description="Port of the operator's Prometheus /metrics; 0 turns it off."
     )

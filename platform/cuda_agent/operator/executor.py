@@ -21,6 +21,7 @@ from cuda_agent.operator.kube import KubeError, Ref
 from cuda_agent.operator.run_children import (
     RunContext,
     driver_pod,
+    pod_group,
     ray_cluster,
     ray_head_service,
     ray_pods,
@@ -203,7 +204,9 @@ class ClusterExecutor:
         else:
             existing = {p.name for p in pods if not p.terminating}
             missing = [pod for pod in ray_pods(run, spec) if pod["metadata"]["name"] not in existing]
-            _, errors = await apply_changed(context, [ray_head_service(run), *missing], children)
+            group = pod_group(run, spec)  # before its pods: coscheduling/Volcano look it up by name
+            wanted = [*([group] if group is not None else []), ray_head_service(run), *missing]
+            _, errors = await apply_changed(context, wanted, children)
         ready, _ = ray_state(kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec)))
         if ready and not any(p.name == lb.driver_name(run.name) and not p.terminating for p in pods):
             errors += (await apply_changed(context, [driver_pod(run, spec, kuberay)], children))[1]

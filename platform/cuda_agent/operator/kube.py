@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from cuda_agent.operator.labels import FIELD_MANAGER
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
 
+DISCOVERY_TTL = 30.0
 LOG_TIMEOUT_SECONDS = 5.0  # a node that does not serve logs must not hold up a reconcile pass
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
@@ -41,6 +43,9 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "StatefulSet": ("apps/v1", "statefulsets"),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
     "Node": ("v1", "nodes"),
+    # scheduler-plugins' by default; Volcano's (scheduling.volcano.sh/v1beta1) has the same kind and
+    # plural, and `apply` takes the apiVersion from the manifest.
+    "PodGroup": ("scheduling.x-k8s.io/v1alpha1", "podgroups"),
     "Role": ("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
     "RayCluster": ("ray.io/v1", "rayclusters"),
@@ -95,6 +100,7 @@ class Kube:
     def __init__(self, api: ApiClient) -> None:
         self._api = api
         self.writes: Counter[str] = Counter()
+        self._discovery: dict[tuple[str, str], tuple[float, bool]] = {}
 
     @classmethod
     async def connect(cls, kubeconfig: Path | None) -> Kube:
@@ -189,7 +195,9 @@ class Kube:
 
     async def apply(self, manifest: Manifest) -> Manifest:
         """Server-side apply of a whole child; `force` because these fields belong to the operator."""
-        path = object_path(Ref.of(manifest))
+        ref = Ref.of(manifest)
+        collection = collection_path(manifest["apiVersion"], ref.plural, ref.namespace)
+        path = f"{collection}/{ref.name}"
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         applied = await self._request(
             "PATCH", path, body=manifest, content_type=APPLY, query=query, counted=f"apply {manifest['kind']}"
@@ -238,9 +246,16 @@ class Kube:
         return str(configuration.host), configuration.ssl_ca_cert
 
     async def serves(self, api_version: str, plural: str) -> bool:
-        """Whether the apiserver serves a resource type (a CRD such as ray.io/v1 rayclusters)."""
+        """Whether the apiserver serves a resource type (a CRD such as ray.io/v1 rayclusters); an answer
+        is kept for DISCOVERY_TTL seconds (asked on every pass of every run)."""
+        now = time.monotonic()
+        cached = self._discovery.get((api_version, plural))
+        if cached is not None and now - cached[0] < DISCOVERY_TTL:
+            return cached[1]
         listing = await self._request("GET", f"/apis/{api_version}")
-        return any(item.get("name") == plural for item in (listing or {}).get("resources", []))
+        served = any(item.get("name") == plural for item in (listing or {}).get("resources", []))
+        self._discovery[(api_version, plural)] = (now, served)
+        return served
 
     async def post_event(self, involved: Manifest, *, warning: bool, reason: str, message: str) -> None:
         """A core/v1 Event on `involved`, shown by `kubectl describe` and `kubectl get events`."""

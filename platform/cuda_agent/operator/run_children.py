@@ -30,6 +30,24 @@ RAY_DASHBOARD_PORT = 8265
 RAY_VERSION = "2.60.0"
 
 
+# Gang schedulers the operator hands a run's Ray pods to, when their API is served (see admission.py).
+KUEUE = "kueue"
+COSCHEDULING = "coscheduling"  # kubernetes-sigs/scheduler-plugins
+VOLCANO = "volcano"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+POD_GROUP_APIS = {COSCHEDULING: "scheduling.x-k8s.io/v1alpha1", VOLCANO: "scheduling.volcano.sh/v1beta1"}
+
+
+@dataclass(frozen=True)
+class GangScheduling:
+    """How a run's Ray head and workers are placed all together by an installed gang scheduler; the
+    default (no mechanism) means the operator's own capacity check admitted them."""
+
+    mechanism: str = ""  # "", KUEUE, COSCHEDULING or VOLCANO
+    queue: str = ""  # Kueue LocalQueue
+    scheduler_name: str = ""  # the coscheduling scheduler's name (a second scheduler)
+
+
 @dataclass(frozen=True)
 class RunContext:
     """Everything a run's children depend on besides its spec."""
@@ -43,6 +61,60 @@ class RunContext:
     otel_endpoint: str | None
     resume_from: str | None  # status.lastCheckpoint when the compute is (re)created
     pod_annotations: tuple[tuple[str, str], ...] = ()  # put on every trainer pod (e.g. for a mesh)
+    gang: GangScheduling = GangScheduling()
+
+
+def pod_group_name(run: RunContext) -> str:
+    return f"{run.name}-ray"
+
+
+def _gang_pod_fields(run: RunContext, spec: TrainingRunSpec) -> tuple[dict[str, str], dict[str, str], str]:
+    """(labels, annotations, schedulerName) that put a Ray pod of the run into its gang."""
+    gang, group = run.gang, pod_group_name(run)
+    if gang.mechanism == KUEUE:  # Kueue's plain-pod integration admits the whole group at once
+        return (
+            {KUEUE_QUEUE_LABEL: gang.queue, "kueue.x-k8s.io/pod-group-name": group},
+            {"kueue.x-k8s.io/pod-group-total-count": str(1 + len(worker_gpus(spec)))},
+            "",
+        )
+    if gang.mechanism == COSCHEDULING:
+        return {"scheduling.x-k8s.io/pod-group": group}, {}, gang.scheduler_name
+    if gang.mechanism == VOLCANO:
+        return {}, {"scheduling.k8s.io/group-name": group}, "volcano"
+    return {}, {}, ""
+
+
+def pod_group(run: RunContext, spec: TrainingRunSpec) -> Manifest | None:
+    """The PodGroup of scheduler-plugins' coscheduling or of Volcano: the Ray head and every worker
+    are bound together or not at all."""
+    api_version = POD_GROUP_APIS.get(run.gang.mechanism)
+    if api_version is None:
+        return None
+    gpus = sum(worker_gpus(spec))
+    group: dict[str, Any] = {
+        "minMember": 1 + len(worker_gpus(spec)),
+        "minResources": {"nvidia.com/gpu": str(gpus)},
+    }
+    if run.gang.mechanism == COSCHEDULING:
+        group["scheduleTimeoutSeconds"] = spec.run_policy.start_timeout_seconds
+    return with_hash(
+        {
+            "apiVersion": api_version,
+            "kind": "PodGroup",
+            "metadata": _metadata(run, pod_group_name(run), lb.COMPONENT_RAY_HEAD),
+            "spec": group,
+        }
+    )
+
+
+def cluster_gang_labels(run: RunContext) -> dict[str, str]:
+    """On a KubeRay RayCluster: Kueue admits RayClusters itself, and KubeRay creates the PodGroup of
+    its configured batch scheduler when asked to."""
+    if run.gang.mechanism == KUEUE:
+        return {KUEUE_QUEUE_LABEL: run.gang.queue}
+    if run.gang.mechanism in POD_GROUP_APIS:
+        return {"ray.io/gang-scheduling-enabled": "true"}
+    return {}
 
 
 def _metadata(
@@ -243,7 +315,22 @@ def ray_head_host(run: RunContext, kuberay: bool) -> str:
 
 
 def ray_pods(run: RunContext, spec: TrainingRunSpec) -> list[Manifest]:
-    """Head and worker pods of a Ray cluster the run owns (no KubeRay)."""
+    """Head and worker pods of a Ray cluster the run owns (no KubeRay), in the run's gang."""
+    pods = [with_hash(_in_gang(run, spec, pod)) for pod in _ray_pods(run, spec)]
+    return pods
+
+
+def _in_gang(run: RunContext, spec: TrainingRunSpec, pod: Manifest) -> Manifest:
+    labels, annotations, scheduler = _gang_pod_fields(run, spec)
+    pod["metadata"]["labels"].update(labels)
+    if annotations:
+        pod["metadata"]["annotations"] = {**pod["metadata"].get("annotations", {}), **annotations}
+    if scheduler:
+        pod["spec"]["schedulerName"] = scheduler
+    return pod
+
+
+def _ray_pods(run: RunContext, spec: TrainingRunSpec) -> list[Manifest]:
     head_host = ray_head_host(run, kuberay=False)
     head = {
         "apiVersion": "v1",
@@ -273,7 +360,7 @@ def ray_pods(run: RunContext, spec: TrainingRunSpec) -> list[Manifest]:
         }
         for index, gpus in enumerate(worker_gpus(spec))
     ]
-    return [with_hash(pod) for pod in [head, *workers]]
+    return [head, *workers]
 
 
 def ray_head_service(run: RunContext) -> Manifest:
@@ -312,7 +399,7 @@ def ray_cluster(run: RunContext, spec: TrainingRunSpec) -> Manifest:
         {
             "apiVersion": "ray.io/v1",
             "kind": "RayCluster",
-            "metadata": _metadata(run, run.name, lb.COMPONENT_RAY_HEAD),
+            "metadata": _metadata(run, run.name, lb.COMPONENT_RAY_HEAD, cluster_gang_labels(run)),
             "spec": {
                 "rayVersion": RAY_VERSION,
                 "headGroupSpec": {

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +25,7 @@ from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
 from cuda_agent.api.trainingrun import TrainingRunPhase as RunPhase
 from cuda_agent.api.trainingrun import TrainingRunSpec, TrainingRunStatus
 from cuda_agent.operator import labels as lb
-from cuda_agent.operator.admission import gang_condition, kueue_queue, read_capacity
+from cuda_agent.operator.admission import gang_condition, gang_placed, gang_scheduler, read_capacity
 from cuda_agent.operator.apply import apply_changed
 from cuda_agent.operator.conditions import Condition, find, merge_conditions, parse_rfc3339, rfc3339
 from cuda_agent.operator.context import OperatorContext
@@ -307,9 +307,10 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
             #     killed in between finds the run ended instead of restarting it.
             pass
         elif not spec.suspend:
-            admission = await _admit(context, body, spec, compute.exists)
+            admission, run = await _admit(context, body, run, spec, compute.exists)
             if admission.status:
                 start_time = start_time or now
+            if admission.status or run.gang.mechanism:  # a gang scheduler holds the pods itself
                 errors += await executor.ensure(context, run, spec)
         if spec.suspend and ended is None:
             admission = Condition(
@@ -343,31 +344,35 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     return None if ended is not None else context.config.sync_period
 
 
-async def _admit(context: OperatorContext, body: Manifest, spec: TrainingRunSpec, started: bool) -> Condition:
-    """The Admitted condition: a run that holds its compute is admitted; otherwise Kueue's word (it
-    unsuspended the run), or the operator's own check that the whole gang of GPUs fits now."""
+async def _admit(
+    context: OperatorContext, body: Manifest, run: RunContext, spec: TrainingRunSpec, started: bool
+) -> tuple[Condition, RunContext]:
+    """(Admitted condition, the run with its gang scheduling). An installed gang scheduler (Kueue,
+    coscheduling, Volcano) decides for itself: the pods are created at once and wait in it. Otherwise
+    a run that holds its compute is admitted, and one that does not must fit whole now."""
     gang = worker_gpus(spec)
     if not context.executor.gang_admission:
         return Condition(
             RunCondition.ADMITTED, True, "LocalExecutor", "the trainer runs as a process on this machine"
-        )
+        ), run
+    labels = body["metadata"].get("labels") or {}
+    scheduling = await gang_scheduler(context.kube, labels, context.config.gang_scheduler_name)
+    run = replace(run, gang=scheduling)
+    if scheduling.mechanism:
+        pods = context.pods_of((lb.RUN_KIND, run.namespace, run.name))
+        return gang_placed(scheduling, pods, 1 + len(gang)), run
     if started:
         return Condition(
             RunCondition.ADMITTED, True, "GangAdmitted", f"{sum(gang)} GPUs in {len(gang)} Ray worker pod(s)"
-        )
-    queue = await kueue_queue(context.kube, body["metadata"].get("labels") or {})
-    if queue is not None:
-        return Condition(
-            RunCondition.ADMITTED, True, "AdmittedByKueue", f"Kueue admitted it from LocalQueue {queue}"
-        )
+        ), run
     try:
         available = await read_capacity(context.kube)
     except KubeError as error:
         return Condition(
             RunCondition.ADMITTED, False, "CapacityUnknown",
             f"nodes and pods could not be listed ({error}); the operator needs list on nodes and pods",
-        )  # fmt: skip
-    return gang_condition(gang, available)
+        ), run  # fmt: skip
+    return gang_condition(gang, available), run
 
 
 async def _failure(
