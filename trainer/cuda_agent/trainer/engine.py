@@ -59,6 +59,7 @@ class TrainEngine:
         max_grad_norm: float,
         bf16: bool,
         warmup_steps: int = 0,
+        sequence_parallel: bool = False,
     ) -> None:
         self.backend = backend
         self.max_grad_norm = max_grad_norm
@@ -66,6 +67,7 @@ class TrainEngine:
         optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(warmup_steps))
         self._ds: Any = None
+        self._loss_factor = 1.0
         if backend == "deepspeed":
             init_distributed()
             import deepspeed
@@ -80,9 +82,26 @@ class TrainEngine:
                 "steps_per_print": 1 << 30,
                 "wall_clock_breakdown": False,
             }
+            mpu: Any = None
+            if sequence_parallel:  # groups made by sequence_parallel.sequence_layout
+                from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+                mpu = parallel_state_sp
+
+                # Stages 0-2 average gradients over the data-parallel ranks (all ranks / group size), as
+                # the roles' loss scale expects; ZeRO-3's reduce-scatter (set explicitly: its contiguous
+                # alternative divides like stages 0-2) averages over every rank, so the loss is scaled up.
+                if zero_stage == 3:
+                    config["zero_optimization"] = {"stage": 3, "reduce_scatter": True}
+                    self._loss_factor = float(
+                        torch.distributed.get_world_size(mpu.get_sequence_parallel_group())
+                    )
             self._ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
-                model=module, optimizer=optimizer, lr_scheduler=scheduler, config=config
+                model=module, optimizer=optimizer, lr_scheduler=scheduler, config=config, mpu=mpu
             )
+            if self._ds.dp_world_size is None:
+                # DeepSpeed leaves it unset under a sequence-parallel mpu; set_train_batch_size reads it.
+                self._ds.dp_world_size = self._ds.seq_dp_world_size // self._ds.sequence_parallel_size
             self.module: nn.Module = self._ds.module
         else:
             self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
@@ -99,7 +118,7 @@ class TrainEngine:
     def backward(self, loss: torch.Tensor) -> None:
         """Accumulate one micro-batch's gradients; `loss` is already scaled to its share of the step."""
         if self._ds is not None:
-            self._ds.backward(loss, scale_wrt_gas=False)
+            self._ds.backward(loss * self._loss_factor, scale_wrt_gas=False)
             self._ds.step()  # applies the update only at the accumulation boundary
         else:
             loss.backward()  # type: ignore[no-untyped-call]

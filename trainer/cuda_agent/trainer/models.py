@@ -143,15 +143,23 @@ def backbone_of(model: PreTrainedModel) -> nn.Module:
 
 
 def hidden_states(
-    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+    backbone: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    out = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    out = backbone(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
     return cast(torch.Tensor, out.last_hidden_state)
 
 
 class Policy(nn.Module):
     """A causal LM whose forward returns fp32 log-probs of the next tokens and the entropy, computed from
-    hidden states in chunks (the whole computation is one forward, as DeepSpeed's engine expects)."""
+    hidden states in chunks (the whole computation is one forward, as DeepSpeed's engine expects).
+
+    Given `targets` (a sequence-parallel slice: `position_ids` global, targets the token after each
+    position), every position is scored; otherwise all but the last, against the following ids."""
 
     def __init__(self, lm: PreTrainedModel, chunk_tokens: int) -> None:
         super().__init__()
@@ -159,11 +167,17 @@ class Policy(nn.Module):
         self.chunk_tokens = chunk_tokens
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = hidden_states(backbone_of(self.lm), input_ids, attention_mask)[:, :-1]
+        hidden = hidden_states(backbone_of(self.lm), input_ids, attention_mask, position_ids)
+        if targets is None:
+            hidden, targets = hidden[:, :-1], input_ids[:, 1:]
         head = self.lm.get_output_embeddings()  # type: ignore[no-untyped-call]
-        return token_logprobs(hidden, head, input_ids[:, 1:], self.chunk_tokens)
+        return token_logprobs(hidden, head, targets, self.chunk_tokens)
 
     def hf_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Parameters under the Hugging Face names a rollout engine loads them by."""
@@ -198,8 +212,13 @@ class Critic(nn.Module):
             self.value_head.weight.copy_(weight)
             self.value_head.bias.zero_()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = hidden_states(self.backbone, input_ids, attention_mask)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden = hidden_states(self.backbone, input_ids, attention_mask, position_ids)
         values: torch.Tensor = self.value_head(hidden).squeeze(-1).float()
         return values
 

@@ -19,6 +19,7 @@ from cuda_agent.trainer import ppo
 from cuda_agent.trainer.engine import TrainEngine
 from cuda_agent.trainer.experience import Episode, MicroBatch, collate, gather, pack_micro_batches, scatter
 from cuda_agent.trainer.models import Policy, build_critic, build_policy, build_reference
+from cuda_agent.trainer.sequence_parallel import sequence_layout
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -43,7 +44,8 @@ def _micro_batches(
 class ShardPlan:
     """How one data-parallel rank takes part in each optimizer step: the mini-batch's policy-token count
     over all ranks (losses are token means over the whole mini-batch) and the micro-batch count every rank
-    runs (ZeRO's collectives need the same count on every rank; a rank with fewer runs idle ones)."""
+    runs (ZeRO's collectives need the same count on every rank; a rank with fewer runs idle ones).
+    world_size is the data-parallel size: the ranks of a sequence-parallel group share one shard."""
 
     tokens: list[float]
     micro_batches: list[int]
@@ -98,7 +100,9 @@ class PolicyActor:
     ) -> None:
         self.spec, self.device = spec, device or default_device()
         t = spec.trainer
+        self.layout = sequence_layout(spec)
         module = (model if model is not None else build_policy(spec.model, t)).to(self.device)
+        self.layout.install(module)
         self.engine = TrainEngine(
             module,
             lr=spec.algorithm.actor_learning_rate,
@@ -107,11 +111,19 @@ class PolicyActor:
             max_grad_norm=t.max_grad_norm,
             bf16=t.precision == "bf16",
             warmup_steps=t.lr_warmup_steps,
+            sequence_parallel=spec.resources.sequence_parallel_size > 1,
         )
 
     @property
     def module(self) -> nn.Module:
         return self.engine.module
+
+    def _logprobs(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropy of this rank's positions (a slice of each sequence under sequence
+        parallelism)."""
+        x = self.layout.inputs(batch)
+        logp, entropy = self.engine.forward(x.input_ids, x.attention_mask, x.position_ids, x.targets)
+        return logp, entropy
 
     @torch.no_grad()
     def compute_logprobs(self, episodes: list[Episode]) -> list[Episode]:
@@ -119,7 +131,8 @@ class PolicyActor:
         self.engine.train(False)
         t = self.spec.trainer
         for batch in _micro_batches(episodes, range(len(episodes)), t.micro_batch_tokens, self.device):
-            logp, entropy = self.engine.forward(batch.input_ids, batch.attention_mask)
+            width = batch.mask.shape[1]
+            logp, entropy = (self.layout.full(x, width) for x in self._logprobs(batch))
             scatter(episodes, batch, "old_logprobs", logp)
             for row, index in enumerate(batch.indices):
                 m = batch.mask[row]
@@ -135,25 +148,29 @@ class PolicyActor:
         totals = {"policy_loss": 0.0, "clip_fraction": 0.0, "approx_kl": 0.0}
         norms: list[float] = []
         tokens = 0
+        local = self.layout.local
         for batch, scale in _optimizer_steps(
             self.engine, episodes, mini_batches, t.micro_batch_tokens, plan, norms
         ):
-            logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
+            logp, _ = self._logprobs(batch)
+            mask = local(batch.mask)
             result = ppo.policy_loss(
                 logp,
-                gather(episodes, batch, "old_logprobs"),
-                gather(episodes, batch, "advantages"),
-                batch.mask,
+                local(gather(episodes, batch, "old_logprobs")),
+                local(gather(episodes, batch, "advantages")),
+                mask,
                 a.clip_low,
                 a.clip_high,
             )
             self.engine.backward(result.loss_sum * scale)
-            weight = float(batch.mask.sum())
+            weight = float(mask.sum())
             totals["policy_loss"] += float(result.loss_sum.detach())
             totals["clip_fraction"] += float(result.clip_fraction) * weight
             totals["approx_kl"] += float(result.approx_kl) * weight
             tokens += int(weight)
-        metrics = {key: value / max(tokens, 1) for key, value in totals.items()}
+        *sums, total_tokens = self.layout.sum([*totals.values(), float(tokens)])
+        tokens = int(total_tokens)
+        metrics = {key: value / max(tokens, 1) for key, value in zip(totals, sums, strict=True)}
         metrics["actor_grad_norm"] = sum(norms) / max(len(norms), 1)
         metrics["policy_tokens"] = float(tokens)
         return metrics
@@ -167,12 +184,14 @@ class PolicyActor:
         norms: list[float] = []
         budget = self.spec.trainer.micro_batch_tokens
         for batch, scale in _optimizer_steps(self.engine, episodes, mini_batches, budget, plan, norms):
-            logp, _ = self.engine.forward(batch.input_ids, batch.attention_mask)
-            loss_sum = -(logp * batch.mask).sum()
+            logp, _ = self._logprobs(batch)
+            mask = self.layout.local(batch.mask)
+            loss_sum = -(logp * mask).sum()
             self.engine.backward(loss_sum * scale)
             total += float(loss_sum.detach())
-            tokens += int(batch.mask.sum())
-        return {"nll": total / max(tokens, 1), "policy_tokens": float(tokens)}
+            tokens += int(mask.sum())
+        total, all_tokens = self.layout.sum([total, float(tokens)])
+        return {"nll": total / max(all_tokens, 1.0), "policy_tokens": all_tokens}
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[NamedTensors]:
         """The policy's full weights in buckets of about bucket_bytes (gathered under ZeRO-3)."""
@@ -206,7 +225,9 @@ class ValueCritic:
     ) -> None:
         self.spec, self.device = spec, device or default_device()
         t = spec.trainer
+        self.layout = sequence_layout(spec)
         module = (model if model is not None else build_critic(spec.model, t)).to(self.device)
+        self.layout.install(module)
         self.engine = TrainEngine(
             module,
             lr=spec.algorithm.critic_learning_rate,
@@ -215,18 +236,22 @@ class ValueCritic:
             max_grad_norm=t.max_grad_norm,
             bf16=t.precision == "bf16",
             warmup_steps=t.lr_warmup_steps,
+            sequence_parallel=spec.resources.sequence_parallel_size > 1,
         )
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
-        values: torch.Tensor = self.engine.forward(batch.input_ids, batch.attention_mask)
-        return values[:, :-1]
+        """Values of this rank's action positions (aligned with layout.local)."""
+        x = self.layout.inputs(batch)
+        values: torch.Tensor = self.engine.forward(x.input_ids, x.attention_mask, x.position_ids)
+        return self.layout.action_values(values)
 
     @torch.no_grad()
     def compute_values(self, episodes: list[Episode]) -> list[Episode]:
         self.engine.train(False)
         t = self.spec.trainer
         for batch in _micro_batches(episodes, range(len(episodes)), t.micro_batch_tokens, self.device):
-            scatter(episodes, batch, "values", self._values(batch) * batch.mask)
+            values = self.layout.full(self._values(batch), batch.mask.shape[1])
+            scatter(episodes, batch, "values", values * batch.mask)
         return episodes
 
     def train_values(
@@ -236,26 +261,29 @@ class ValueCritic:
         t = self.spec.trainer
         total, clipped, tokens = 0.0, 0.0, 0
         norms: list[float] = []
+        local = self.layout.local
         for batch, scale in _optimizer_steps(
             self.engine, episodes, mini_batches, t.micro_batch_tokens, plan, norms
         ):
+            mask = local(batch.mask)
             loss_sum, fraction = ppo.value_loss(
                 self._values(batch),
-                gather(episodes, batch, "values"),
-                gather(episodes, batch, "returns"),
-                batch.mask,
+                local(gather(episodes, batch, "values")),
+                local(gather(episodes, batch, "returns")),
+                mask,
                 t.value_clip,
             )
             self.engine.backward(loss_sum * scale)
-            weight = float(batch.mask.sum())
+            weight = float(mask.sum())
             total += float(loss_sum.detach())
             clipped += float(fraction) * weight
             tokens += int(weight)
+        total, clipped, all_tokens = self.layout.sum([total, clipped, float(tokens)])
         return {
-            "value_loss": total / max(tokens, 1),
-            "value_clip_fraction": clipped / max(tokens, 1),
+            "value_loss": total / max(all_tokens, 1.0),
+            "value_clip_fraction": clipped / max(all_tokens, 1.0),
             "critic_grad_norm": sum(norms) / max(len(norms), 1),
-            "policy_tokens": float(tokens),
+            "policy_tokens": all_tokens,
         }
 
     def save(self, directory: Path) -> None:
@@ -272,9 +300,11 @@ class Reference:
         self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None
     ) -> None:
         self.spec, self.device = spec, device or default_device()
+        self.layout = sequence_layout(spec)
         self.module = (model if model is not None else build_reference(spec.model, spec.trainer)).to(
             self.device
         )
+        self.layout.install(self.module)
         self.module.requires_grad_(False)
         self.module.eval()
 
@@ -282,6 +312,7 @@ class Reference:
     def compute_logprobs(self, episodes: list[Episode]) -> list[Episode]:
         t = self.spec.trainer
         for batch in _micro_batches(episodes, range(len(episodes)), t.micro_batch_tokens, self.device):
-            logp, _ = self.module(batch.input_ids, batch.attention_mask)
-            scatter(episodes, batch, "ref_logprobs", logp)
+            x = self.layout.inputs(batch)
+            logp, _ = self.module(x.input_ids, x.attention_mask, x.position_ids, x.targets)
+            scatter(episodes, batch, "ref_logprobs", self.layout.full(logp, batch.mask.shape[1]))
         return episodes

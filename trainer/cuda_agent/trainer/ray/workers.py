@@ -186,6 +186,22 @@ def _merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(r.get(k, 0.0) * w for r, w in zip(results, weights, strict=True)) / total for k in keys}
 
 
+def rollout_engine_configs(spec: TrainingRunSpec, model_dir: str) -> list[VLLMEngineConfig]:
+    """One vLLM engine per spec.resources.tensorParallelSize rollout GPUs (the trainer's when rolloutGpus
+    is 0), each with that tensor-parallel size and the agent's context; RayWorkers.rollout_placement
+    says where they go."""
+    r = spec.resources
+    return [
+        VLLMEngineConfig(
+            model=model_dir,
+            tensor_parallel_size=r.tensor_parallel_size,
+            max_model_len=spec.agent.max_context_tokens,
+            seed=spec.trainer.seed + engine,
+        )
+        for engine in range((r.rollout_gpus or r.trainer_gpus) // r.tensor_parallel_size)
+    ]
+
+
 def _free_port_on_node() -> int:
     from cuda_agent.localhost import free_port
 
@@ -240,21 +256,6 @@ class RayWorkers:
         if self.rollout_bundles is not None:
             return self.rollout_bundles, 1.0
         return self.trainer_bundles, ROLLOUT_GPU_SHARE
-
-    def rollout_engine_configs(self, model_dir: str) -> list[VLLMEngineConfig]:
-        """One vLLM engine per spec.resources.tensorParallelSize rollout GPUs (the trainer's when
-        rolloutGpus is 0), each with that tensor-parallel size and the agent's context."""
-        spec = self.actor.spec
-        r = spec.resources
-        return [
-            VLLMEngineConfig(
-                model=model_dir,
-                tensor_parallel_size=r.tensor_parallel_size,
-                max_model_len=spec.agent.max_context_tokens,
-                seed=spec.trainer.seed + engine,
-            )
-            for engine in range((r.rollout_gpus or r.trainer_gpus) // r.tensor_parallel_size)
-        ]
 
     def save(self, root: Path, uri: str) -> None:
         self.actor.save(join_uri(uri, "actor") + "/")
