@@ -23,6 +23,8 @@ from otlp_collector import running_collector
 from prometheus_client import REGISTRY, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from cuda_agent.sandbox.api import JudgeResult, JudgeRun
+from cuda_agent.sandbox.server.judge_runner import _trace_run as trace_judge_run
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.telemetry import (
     Stage,
@@ -241,6 +243,69 @@ def test_past_span_records_an_interval_that_ended_elsewhere(spans: InMemorySpanE
     assert (verify.start_time, verify.end_time) == (5_000, 5_000)
     assert build.attributes == {"cuda_agent.compiled": True}
     assert build.parent is not None and build.parent.span_id == judge_run.get_span_context().span_id
+
+
+def test_judge_run_span_holds_the_judges_phases(spans: InMemorySpanExporter) -> None:
+    """The server's record of one judge process: outcome attributes, the real judge's step breakdown,
+    and a child span per phase that ran, laid end to end with the judge's own durations."""
+    result = JudgeResult.model_validate(
+        {
+            "reward": 2,
+            "compiled": True,
+            "correct": True,
+            "speedup": {"eager": 1.4, "compile": 0.9},
+            "seconds": {"build": 1.0, "verify": 0.5, "profile": 2.0},
+            "build_cached": False,
+            "steps_s": {"references": 0.25, "trials.worker": 0.5},
+        }
+    )
+    run = JudgeRun(stage="profile", result=result, exit_code=0, queue_wait_s=0.5, wall_s=4.0)
+    with span(Stage.JUDGE_RUN) as judge_run:
+        trace_judge_run(judge_run, run)
+    failed = JudgeResult(reward=-1, compiled=False, correct=False, seconds={"build": 3.0, "verify": 0.0})
+    with span("failed_build") as failed_run:
+        trace_judge_run(failed_run, JudgeRun(stage="compile", result=failed, exit_code=0, wall_s=3.0))
+    with span("no_result") as crashed:
+        trace_judge_run(
+            crashed, JudgeRun(stage="profile", error="judge failed with exit code 1", exit_code=1)
+        )
+
+    finished = spans.get_finished_spans()
+    found = _by_name(finished)
+    attributes = found["judge_run"].attributes
+    assert attributes is not None
+    assert attributes["cuda_agent.reward"] == 2 and attributes["cuda_agent.queue_wait_s"] == 0.5
+    assert attributes["cuda_agent.steps_s.references"] == 0.25
+    assert attributes["cuda_agent.steps_s.trials.worker"] == 0.5
+    phases = sorted(_children(finished, found["judge_run"]), key=_start)
+    assert [p.name for p in phases] == ["build", "verify", "profile"]
+    assert [(_end(p) - _start(p)) / 1e9 for p in phases] == pytest.approx([1.0, 0.5, 2.0])
+    assert all(_end(a) == _start(b) for a, b in itertools.pairwise(phases))
+    assert phases[0].attributes == {"cuda_agent.compiled": True, "cuda_agent.build_cached": False}
+    assert phases[2].attributes == {
+        "cuda_agent.speedup_vs_eager": 1.4,
+        "cuda_agent.speedup_vs_compile": 0.9,
+    }
+    # A build that failed has no verify or profile span; a judge without a result has no phases.
+    assert [s.name for s in _children(finished, found["failed_build"])] == ["build"]
+    assert _children(finished, found["no_result"]) == []
+    crashed_attributes = found["no_result"].attributes
+    assert crashed_attributes is not None
+    assert crashed_attributes["cuda_agent.error"] == "judge failed with exit code 1"
+
+
+def _children(finished: tuple[ReadableSpan, ...], parent: ReadableSpan) -> list[ReadableSpan]:
+    return [s for s in finished if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+def _start(s: ReadableSpan) -> int:
+    assert s.start_time is not None
+    return s.start_time
+
+
+def _end(s: ReadableSpan) -> int:
+    assert s.end_time is not None
+    return s.end_time
 
 
 def _scrape(url: str) -> dict[str, Metric]:

@@ -51,6 +51,7 @@ MAX_SNAPSHOT_FILES = MAX_CANDIDATE_FILES  # one home: the contract caps evaluate
 _STDOUT_LIMIT = 8 << 20
 _STDERR_TAIL = 4000
 _SKIP_DIRS = {"__pycache__", ".git"}  # never part of a candidate's snapshot
+_MAX_STEP_ATTRIBUTES = 64  # a judge of another version must not flood a span
 JUDGE_CACHE_ENV = "CUDA_AGENT_JUDGE_CACHE"  # the judge's content-addressed build cache (PCH, objects)
 
 
@@ -426,6 +427,12 @@ def _trace_run(current: Span, run: JudgeRun) -> None:
         current.set_attribute("cuda_agent.error", run.error or "no result")
         return
     current.set_attribute("cuda_agent.reward", result.reward)
+    # The real judge's per-step breakdown (steps_s: references, worker_start, trials...) as attributes.
+    steps = (result.model_extra or {}).get("steps_s")
+    if isinstance(steps, dict):
+        for name, seconds in list(steps.items())[:_MAX_STEP_ATTRIBUTES]:
+            if isinstance(seconds, int | float):
+                current.set_attribute(f"cuda_agent.steps_s.{name}", float(seconds))
     start_ns = time.time_ns() - int(max(0.0, run.wall_s - run.queue_wait_s) * 1e9)
     outcome: dict[str, dict[str, object]] = {
         "build": {"compiled": result.compiled, "build_cached": result.build_cached},
