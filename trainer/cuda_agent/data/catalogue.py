@@ -20,9 +20,10 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from cuda_agent.data.execution import load_task
 from cuda_agent.data.families import RMS_NORM_HIDDEN, SIZES, Family, Plan, family_named, family_of
 from cuda_agent.data.records import CatalogueEntry, OpKind
-from cuda_agent.data.taskcode import AppliedOp, load_task, render_task
+from cuda_agent.data.taskcode import AppliedOp, render_task
 
 # Shapes the probe runs each input rank at (small enough that the whole probe takes seconds on CPU).
 PROBE_SHAPES = {2: (4, 64), 3: (2, 8, 32), 4: (2, 8, 16, 16), 5: (2, 4, 8, 8, 8)}

@@ -52,6 +52,7 @@ def _filter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=1, help="filter processes (1: in this process)")
     parser.add_argument("--ray", action="store_true", help="fan the filters out as Ray tasks")
+    parser.add_argument("--sandbox", help="sandbox server URL: run the execution filters in its sessions")
     parser.add_argument(
         "--benchmark", help="KernelBench-layout folder or s3:// prefix to decontaminate against"
     )
@@ -111,6 +112,7 @@ def _synth(args: argparse.Namespace) -> int:
         device=args.device,
         workers=args.workers,
         use_ray=args.ray,
+        sandbox_url=args.sandbox,
         benchmark=args.benchmark,
         max_candidates=args.max_candidates,
         batch_size=args.batch_size,
@@ -154,6 +156,7 @@ def _refilter(args: argparse.Namespace) -> int:
         device=args.device,
         workers=args.workers,
         use_ray=args.ray,
+        sandbox_url=args.sandbox,
         benchmark=args.benchmark,
         filters=_filter_config(args),
     )

@@ -1,22 +1,31 @@
 """Fan-out of the filters: samples are evaluated in the calling process (`workers=1`), in a pool of
-spawned processes (`workers=N`), or as Ray tasks (`use_ray`). All Ray plumbing lives here.
+spawned processes (`workers=N`), as Ray tasks (`use_ray`), or in sandbox sessions (`sandbox_url`: a
+sandbox server or the Service of a SandboxPool). All Ray and sandbox plumbing lives here.
 
-Filters execute the task code, so they never run in the process that holds credentials for anything
-that matters; on a cluster the intended home is the sandbox pool (documented in docs/data.md, not built
-here). Each worker limits torch to one thread so that N workers time N tasks without contending.
+The execution filters run the task's code. Code from the programmatic composer is ours; code from an LLM
+composer is not, and belongs in the sandbox, where it runs confined like agent code: the static filters
+run here, execution.py is copied into a fresh session next to the task (model.py) and run there with the
+sandbox's interpreter. Local workers limit torch to one thread so N workers time N tasks without
+contending.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+from cuda_agent.data import execution
 from cuda_agent.data.decontam import BenchmarkIndex
-from cuda_agent.data.filters import evaluate
-from cuda_agent.data.records import FilterConfig, Sample
+from cuda_agent.data.filters import conclude, evaluate, execution_settings, static_verdicts
+from cuda_agent.data.records import FilterConfig, Sample, Verdict
+
+# Seconds one sample's execution filters may take inside a sandbox session (torch.compile included).
+SANDBOX_FILTER_TIMEOUT_S = 600.0
 
 
 def _evaluate_in_worker(sample: Sample, config: FilterConfig, benchmark: BenchmarkIndex | None) -> Sample:
@@ -33,9 +42,13 @@ def filter_samples(
     *,
     workers: int = 1,
     use_ray: bool = False,
+    sandbox_url: str | None = None,
 ) -> Iterator[Sample]:
     """Evaluated samples, in the order given."""
-    if use_ray:
+    if sandbox_url:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as threads:
+            yield from threads.map(lambda s: evaluate_in_sandbox(s, config, benchmark, sandbox_url), samples)
+    elif use_ray:
         yield from _with_ray(samples, config, benchmark, workers)
     elif workers <= 1:
         for sample in samples:
@@ -64,3 +77,43 @@ def _with_ray(
     for ref in refs:
         result: Sample = ray.get(ref)
         yield result
+
+
+def evaluate_in_sandbox(
+    sample: Sample, config: FilterConfig, benchmark: BenchmarkIndex | None, sandbox_url: str
+) -> Sample:
+    """`evaluate`, with the execution filters run in a session of the sandbox server at `sandbox_url`."""
+    from cuda_agent.sandbox.client import SandboxError, SyncSandboxClient
+
+    if sample.rejected_by is not None:
+        return sample
+    verdicts = static_verdicts(sample, config, benchmark)
+    if not all(v.passed for v in verdicts) or not set(execution.EXECUTION_FILTERS) & set(config.enabled):
+        return conclude(sample, verdicts)
+    client = SyncSandboxClient(sandbox_url, timeout_s=SANDBOX_FILTER_TIMEOUT_S + 60)
+    try:
+        session = client.create_session(sample.code, device=config.device, name="data-filter")
+    except SandboxError as exc:
+        raise RuntimeError(f"sandbox {sandbox_url} refused a session for {sample.id}: {exc}") from exc
+    try:
+        client.tool(session.session_id, "write", {"file_path": "data_filter.py", "content": _RUNNER})
+        settings = json.dumps(execution_settings(config))
+        client.tool(session.session_id, "write", {"file_path": "data_filter.json", "content": settings})
+        command = "python data_filter.py data_filter.json model.py"
+        result = client.tool(
+            session.session_id, "bash", {"command": command, "timeout": SANDBOX_FILTER_TIMEOUT_S * 1000}
+        )
+    finally:
+        client.delete_session(session.session_id)
+    last = result.output.strip().splitlines()[-1] if result.output.strip() else ""
+    try:
+        executed = [Verdict.model_validate(v) for v in json.loads(last)]
+    except ValueError:
+        # The runner died (killed at the timeout, out of memory, a crash in native code): the task
+        # did not run to completion, so it fails runs_eager with what the session printed.
+        detail = f"sandbox run failed: {result.output.strip()[-300:]}"
+        executed = [Verdict(filter="runs_eager", passed=False, detail=detail)]
+    return conclude(sample, verdicts + executed)
+
+
+_RUNNER = Path(execution.__file__).read_text()

@@ -40,6 +40,9 @@ class SynthConfig(BaseModel):
     device: Device = "cpu"
     workers: int = Field(default=1, ge=1, le=1024)
     use_ray: bool = False
+    sandbox_url: str | None = Field(
+        default=None, description="run the execution filters in this sandbox server"
+    )
     benchmark: str | None = Field(default=None, description="KernelBench-layout set to decontaminate against")
     max_candidates: int | None = Field(default=None, ge=1, description="default: 20 * n")
     batch_size: int = Field(default=16, ge=1)
@@ -120,7 +123,14 @@ def run(
         if not batch:
             continue
         results = list(
-            filter_samples(batch, config.filters, benchmark, workers=config.workers, use_ray=config.use_ray)
+            filter_samples(
+                batch,
+                config.filters,
+                benchmark,
+                workers=config.workers,
+                use_ray=config.use_ray,
+                sandbox_url=config.sandbox_url,
+            )
         )
         # Named by its first sample: a resumed run's batches never overwrite an earlier shard.
         write_bytes(shard_uri(config.out, batch[0].id), jsonl(results))

@@ -1,13 +1,12 @@
 """KernelBench-format task source: rendering a chain of applied operators into a `Model` with
-`get_inputs` / `get_init_inputs`, and loading task source back into a module to run it.
+`get_inputs` / `get_init_inputs` (execution.load_task loads it back).
 
-The crawler's probe, the programmatic composer and the filters all go through these two functions, so an
-operator the probe found runnable is spelled exactly as the composer will spell it.
+The crawler's probe and the programmatic composer both render through `render_task`, so an operator the
+probe found runnable is spelled exactly as the composer will spell it.
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,15 +92,3 @@ def render_task(ops: Sequence[AppliedOp], inputs: Sequence[tuple[str, Shape]], d
         "",
     ]
     return "".join(parts) + "\n".join(body)
-
-
-def load_task(code: str, name: str = "task") -> types.ModuleType:
-    """Execute task source as a fresh module. Only for code that runs where running it is acceptable:
-    a filter worker process (or the sandbox pool), never the control plane."""
-    module = types.ModuleType(name)
-    module.__file__ = f"<{name}>"
-    exec(compile(code, f"<{name}>", "exec"), module.__dict__)
-    for required in ("Model", "get_inputs", "get_init_inputs"):
-        if not hasattr(module, required):
-            raise ValueError(f"task {name} defines no {required}")
-    return module

@@ -1,0 +1,195 @@
+"""The filters that execute a task: runs_eager, deterministic, nontrivial_output, runtime, runs_compiled.
+
+Standard library and torch only, no project imports: the same file runs in a local filter worker and,
+copied into a sandbox session's workspace, as a script inside the sandbox pool, where code written by an
+LLM composer is confined like agent code:
+
+    python data_filter.py SETTINGS.json TASK.py      -> one JSON line: [{"filter", "passed", "detail"}...]
+
+Settings (FilterConfig's fields): device, seed, min_runtime_ms, max_runtime_ms, runtime_repeats,
+compile_backend, compile_rtol, compile_atol. Filters run in EXECUTION_FILTERS order and stop at the first
+failure.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import types
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EXECUTION_FILTERS = ("runs_eager", "deterministic", "nontrivial_output", "runtime", "runs_compiled")
+Verdict = dict[str, Any]
+
+
+def load_task(code: str, name: str = "task") -> types.ModuleType:
+    """Execute task source as a fresh module. Only where running the task's code is acceptable: a filter
+    worker process or a sandbox session, never the control plane."""
+    module = types.ModuleType(name)
+    module.__file__ = f"<{name}>"
+    exec(compile(code, f"<{name}>", "exec"), module.__dict__)
+    for required in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, required):
+            raise ValueError(f"task {name} defines no {required}")
+    return module
+
+
+class _Run:
+    """What the filters share: the loaded task, the model, its inputs and eager output."""
+
+    def __init__(self, code: str, settings: dict[str, Any]) -> None:
+        self.code = code
+        self.settings = settings
+        self.task: Any = None
+        self.model: Any = None
+        self.inputs: list[Any] = []
+        self.output: Any = None
+
+    def sync(self) -> None:
+        import torch
+
+        if self.settings["device"] == "cuda":
+            torch.cuda.synchronize()
+
+    def draw_inputs(self, seed: int) -> list[Any]:
+        import torch
+
+        torch.manual_seed(seed)
+        device = torch.device(self.settings["device"])
+        return [t.to(device) if isinstance(t, torch.Tensor) else t for t in self.task.get_inputs()]
+
+    def forward(self, inputs: list[Any]) -> Any:
+        import torch
+
+        with torch.no_grad():
+            out = self.model(*inputs)
+        self.sync()
+        return out
+
+
+def _verdict(name: str, passed: bool, detail: str = "") -> Verdict:
+    return {"filter": name, "passed": bool(passed), "detail": detail[:300]}
+
+
+def runs_eager(run: _Run) -> Verdict:
+    import torch
+
+    try:
+        run.task = load_task(run.code)
+        torch.manual_seed(run.settings["seed"])
+        run.model = run.task.Model(*run.task.get_init_inputs()).to(torch.device(run.settings["device"]))
+        run.inputs = run.draw_inputs(run.settings["seed"])
+        run.output = run.forward(run.inputs)
+    except Exception as exc:  # any error of the task's own code is this filter's verdict
+        return _verdict("runs_eager", False, f"{type(exc).__name__}: {exc}")
+    if not isinstance(run.output, torch.Tensor):
+        return _verdict("runs_eager", False, f"forward returns {type(run.output).__name__}")
+    return _verdict("runs_eager", True, f"output {tuple(run.output.shape)} {run.output.dtype}")
+
+
+def deterministic(run: _Run) -> Verdict:
+    import torch
+
+    again = run.forward([t.clone() if isinstance(t, torch.Tensor) else t for t in run.inputs])
+    same = (
+        isinstance(again, torch.Tensor) and again.shape == run.output.shape and torch.equal(again, run.output)
+    )
+    return _verdict("deterministic", same, "" if same else "two runs on the same inputs differ")
+
+
+def nontrivial_output(run: _Run) -> Verdict:
+    import torch
+
+    out = run.output
+    value = out if out.is_floating_point() else out.float()
+    if not bool(torch.isfinite(value).all()):
+        return _verdict("nontrivial_output", False, "output has NaN or Inf")
+    if value.numel() > 1 and bool((value == value.flatten()[0]).all()):
+        return _verdict("nontrivial_output", False, "output is constant")
+    other = run.forward(run.draw_inputs(run.settings["seed"] + 1))
+    if other.shape == out.shape and torch.allclose(other.float(), value.float(), rtol=1e-5, atol=1e-6):
+        return _verdict("nontrivial_output", False, "same output for different inputs")
+    return _verdict("nontrivial_output", True)
+
+
+def runtime(run: _Run) -> Verdict:
+    settings = run.settings
+    run.forward(run.inputs)  # warm-up (allocator, lazy kernel loading)
+    times = []
+    for _ in range(settings["runtime_repeats"]):
+        start = time.perf_counter()
+        run.forward(run.inputs)  # synchronizes on CUDA, so wall time is device time plus launch
+        times.append((time.perf_counter() - start) * 1e3)
+    median = statistics.median(times)
+    low, high = settings["min_runtime_ms"], settings["max_runtime_ms"]
+    passed = low <= median <= high
+    return _verdict(
+        "runtime", passed, f"median {median:.3f} ms on {settings['device']}, bounds [{low}, {high}] ms"
+    )
+
+
+def runs_compiled(run: _Run) -> Verdict:
+    import torch
+
+    settings = run.settings
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(run.model, backend=settings["compile_backend"])
+        with torch.no_grad():
+            out = compiled(*run.inputs)  # type: ignore[no-untyped-call]
+        run.sync()
+    except Exception as exc:  # a compile or run error of this task is the verdict
+        return _verdict("runs_compiled", False, f"{type(exc).__name__}: {exc}")
+    if not isinstance(out, torch.Tensor) or out.shape != run.output.shape:
+        return _verdict("runs_compiled", False, "compiled output has another shape")
+    if out.is_floating_point():
+        close = torch.allclose(out, run.output, rtol=settings["compile_rtol"], atol=settings["compile_atol"])
+    else:
+        close = torch.equal(out, run.output)
+    detail = "" if close else f"max abs diff {(out.double() - run.output.double()).abs().max().item():.3g}"
+    return _verdict("runs_compiled", close, detail)
+
+
+FILTERS: dict[str, Callable[[_Run], Verdict]] = {
+    "runs_eager": runs_eager,
+    "deterministic": deterministic,
+    "nontrivial_output": nontrivial_output,
+    "runtime": runtime,
+    "runs_compiled": runs_compiled,
+}
+
+
+def run_filters(code: str, settings: dict[str, Any], enabled: Sequence[str]) -> list[Verdict]:
+    """Verdicts of the enabled execution filters, in order, up to and including the first failure.
+    runs_eager always runs when any of them is enabled: the others read what it leaves behind."""
+    wanted = [name for name in EXECUTION_FILTERS if name in enabled]
+    if not wanted:
+        return []
+    if "runs_eager" not in wanted:
+        wanted.insert(0, "runs_eager")
+    run = _Run(code, settings)
+    verdicts: list[Verdict] = []
+    for name in wanted:
+        try:
+            verdict = FILTERS[name](run)
+        except Exception as exc:  # a task that breaks a check (odd output types) fails that check
+            verdict = _verdict(name, False, f"{type(exc).__name__}: {exc}")
+        verdicts.append(verdict)
+        if not verdict["passed"]:
+            break
+    return verdicts
+
+
+def main(argv: Sequence[str]) -> int:
+    settings = json.loads(Path(argv[0]).read_text())
+    code = Path(argv[1]).read_text()
+    print(json.dumps(run_filters(code, settings, settings["enabled"])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
