@@ -108,7 +108,7 @@ def worker(args: argparse.Namespace) -> None:
             tokens_per_s_per_gpu=round(length / min(times) / world),
             peak_gib=round(peak_gib(), 1),
         )
-        if args.sync:
+        if args.weight_sync:
             # The rollout copy lives on the last GPU; every rank takes part in the ZeRO-3 gathers.
             target = torch.device("cuda", torch.cuda.device_count() - 1) if gpu else device
             rollout = None
@@ -142,15 +142,16 @@ def launch(args: argparse.Namespace, gpus: int, tokens: int, sync: bool) -> dict
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
         str(Path(__file__).resolve()), "--worker", "--model", args.model, "--tokens", str(tokens),
-        "--steps", str(args.steps), "--result", str(result), *(["--sync"] if sync else []),
+        "--steps", str(args.steps), "--result", str(result), *(["--weight-sync"] if sync else []),
     ]  # fmt: skip
     start = time.perf_counter()
-    with open(args.out / f"job-{gpus}gpu-{tokens}.log", "w") as log:
+    name = f"job-{gpus}gpu-{tokens}{'-sync' if sync else ''}.log"
+    with open(args.out / name, "w") as log:
         code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=args.job_timeout)
     lines = result.read_text().splitlines() if result.exists() else []
     row = json.loads(lines[-1]) if len(lines) > before else {"gpus": gpus, "tokens": tokens}
     if len(lines) == before:
-        row["status"] = f"no result (exit {code}; see job-{gpus}gpu-{tokens}.log)"
+        row["status"] = f"no result (exit {code}; see {name})"
     row["job_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(row), flush=True)
     return row
@@ -169,7 +170,7 @@ def main() -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--weight-sync", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -189,8 +190,7 @@ def main() -> int:
         if row["status"] == "ok":
             longest = n
             break
-    if args.sync and most > 1:
-        rows.append(launch(args, most, lengths[0], True))
+    sync_row = launch(args, most, lengths[0], True) if args.sync and most > 1 else {}
 
     print("\n| GPUs | tokens | status | step s | tokens/s/GPU | scaling vs 1 GPU | peak GiB/GPU |")
     print("|---|---|---|---|---|---|---|")
@@ -204,7 +204,7 @@ def main() -> int:
             f"| {r['gpus']} | {r['tokens']:,} | {r['status']} | {r.get('step_s', '')} "
             f"| {r.get('tokens_per_s_per_gpu', '')} | {efficiency} | {r.get('peak_gib', '')} |"
         )
-    sync = next((r["weight_sync"] for r in rows if "weight_sync" in r), None)
+    sync = sync_row.get("weight_sync", sync_row.get("status"))
     print(json.dumps({"model": args.model, f"longest_on_{most}_gpus": longest, "weight_sync": sync}))
     return 0
 
