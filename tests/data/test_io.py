@@ -17,7 +17,13 @@ import pytest
 from cuda_agent.data import synth
 from cuda_agent.data.catalogue import Catalogue
 from cuda_agent.data.cli import main as data_main
-from cuda_agent.data.compose import EndpointConfig, LLMComposer, ProgrammaticComposer, openai_chat
+from cuda_agent.data.compose import (
+    EndpointConfig,
+    LLMComposer,
+    ProgrammaticComposer,
+    chat_backend,
+    openai_chat,
+)
 from cuda_agent.data.filters import evaluate
 from cuda_agent.data.pipeline import filter_samples
 from cuda_agent.data.published import read_kernelbench, read_ops6k, write_ops6k
@@ -186,6 +192,30 @@ def test_llm_composer_against_stand_in_endpoint(stand_in_endpoint: str, catalogu
     refused = LLMComposer(catalogue, openai_chat(EndpointConfig(base_url=stand_in_endpoint, model="refuser")))
     rejected = evaluate(refused.compose(0), config)
     assert rejected.rejected_by == "composed" and "no fenced code block" in rejected.verdicts[0].detail
+
+
+def test_llm_composer_through_a_rollout_chat_backend(stand_in_endpoint: str, catalogue: Catalogue) -> None:
+    from cuda_agent.rollout.openai_http import OpenAIChatBackend
+
+    composer = LLMComposer(catalogue, chat_backend(OpenAIChatBackend(stand_in_endpoint, "stand-in")), seed=2)
+    first, second = composer.compose(0), composer.compose(1)  # two calls: two event loops
+    assert "class Model" in first.code and first.code == second.code and first.ops != second.ops
+
+
+def test_filter_cli_refilters_a_published_set(tmp_path: Path, catalogue: Catalogue) -> None:
+    good = ProgrammaticComposer(catalogue, seed=8).compose(0)
+    constant = good.model_copy(
+        update={"id": "constant", "code": good.code.replace("return x", "return x * 0.0")}
+    )
+    write_ops6k([good, constant], str(tmp_path / "in.parquet"))
+    out = tmp_path / "refiltered"
+    assert (
+        data_main(["filter", "--input", str(tmp_path / "in.parquet"), "--out", str(out), "--filters", QUICK])
+        == 0
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["accepted"] == 1 and summary["rejections"]["nontrivial_output"] == 1
+    assert [s.id for s in read_ops6k(str(out / "dataset.parquet"))] == [good.id]
 
 
 def test_ray_fan_out_matches_inline(catalogue: Catalogue) -> None:

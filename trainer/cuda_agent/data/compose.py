@@ -246,9 +246,18 @@ def chat_backend(backend: Any, max_tokens: int = 2048, temperature: float = 0.7)
 
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature)
 
-    def chat(messages: list[dict[str, str]]) -> str:
-        generation = asyncio.run(backend.chat(list(messages), [], sampling))
+    async def once(messages: list[dict[str, str]]) -> str:
+        try:
+            generation = await backend.chat(list(messages), [], sampling)
+        finally:
+            # The backend's HTTP session belongs to this call's event loop; the next call has another.
+            close = getattr(backend, "close", None)
+            if close is not None:
+                await close()
         return generation.text or ""
+
+    def chat(messages: list[dict[str, str]]) -> str:
+        return asyncio.run(once(messages))
 
     return chat
 
