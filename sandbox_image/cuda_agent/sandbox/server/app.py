@@ -346,8 +346,8 @@ class SandboxServer:
     async def h_tool(self, tool: Tool, request: web.Request, body: BaseModel) -> BaseModel:
         session = self.sessions.get(request.match_info["session_id"])
         async with self._admitted(session.session_id) as running, running:
-            # A judge run the command starts (the session's `verify`/`profile` over the judge channel)
-            # belongs to this tool call's trace; the channel's own task carries no request context.
+            # A judge run the command starts (`verify` over the session's judge channel) belongs under
+            # this tool call; the channel's task carries the context of the request that created it.
             self.judge.tool_call_contexts[session.slot.index] = otel_context.get_current()
             try:
                 return await self._run_tool(tool, session, body)
