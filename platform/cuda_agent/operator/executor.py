@@ -59,13 +59,17 @@ class RunExecutor(Protocol):
 
     async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute: ...
 
-    async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
-        """Create what is missing (platform first, then the trainer); returns errors as text."""
+    async def ensure(
+        self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec
+    ) -> tuple[list[str], list[str]]:
+        """Create what is missing (platform first, then the trainer); returns (what it created or
+        started, errors as text)."""
         ...
 
-    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> None:
+    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> list[str]:
         """Stop everything that holds resources; with `keep_finished` a finished trainer's record (pod,
-        logs) stays, otherwise (suspension) it goes too, so resuming starts a new trainer."""
+        logs) stays, otherwise (suspension) it goes too, so resuming starts a new trainer. Returns what
+        it deleted or stopped."""
         ...
 
     async def log_tail(self, context: OperatorContext, run: RunContext, lines: int) -> str:
@@ -193,32 +197,38 @@ class ClusterExecutor:
         except (KubeError, TimeoutError, OSError) as error:
             return f"(logs of pod {view.name} could not be read: {error})"
 
-    async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
+    async def ensure(
+        self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec
+    ) -> tuple[list[str], list[str]]:
         """The Ray cluster, then (once it is up) the driver. Pods are created, never updated (their specs
         are immutable); a running trainer picks up spec changes on resume."""
         key = (lb.RUN_KIND, run.namespace, run.name)
         children, pods = context.children_of(key), context.pods_of(key)
         kuberay = await _kuberay_installed(context, children)
         if kuberay:
-            _, errors = await apply_changed(context, [ray_cluster(run, spec)], children)
+            created, errors = await apply_changed(context, [ray_cluster(run, spec)], children)
         else:
             existing = {p.name for p in pods if not p.terminating}
             missing = [pod for pod in ray_pods(run, spec) if pod["metadata"]["name"] not in existing]
             group = pod_group(run, spec)  # before its pods: coscheduling/Volcano look it up by name
             wanted = [*([group] if group is not None else []), ray_head_service(run), *missing]
-            _, errors = await apply_changed(context, wanted, children)
+            created, errors = await apply_changed(context, wanted, children)
         ready, _ = ray_state(kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec)))
         if ready and not any(p.name == lb.driver_name(run.name) and not p.terminating for p in pods):
-            errors += (await apply_changed(context, [driver_pod(run, spec, kuberay)], children))[1]
-        return errors
+            driver, driver_errors = await apply_changed(context, [driver_pod(run, spec, kuberay)], children)
+            created, errors = created + driver, errors + driver_errors
+        return created, errors
 
-    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> None:
+    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> list[str]:
         key = (lb.RUN_KIND, run.namespace, run.name)
         pods = context.pods_of(key)
         view = next((p for p in pods if p.name == lb.driver_name(run.name) and not p.terminating), None)
         keep = keep_finished and _finished(view)
+        removed = []
         for ref in compute_children(context.children_of(key), pods, keep_driver=keep):
-            await context.kube.delete(Ref(ref.kind, run.namespace, ref.name))
+            if await context.kube.delete(Ref(ref.kind, run.namespace, ref.name)):
+                removed.append(f"{ref.kind}/{ref.name}")
+        return removed
 
     def forget(self, namespace: str, name: str) -> None:
         return None  # owner references let the garbage collector delete the pods

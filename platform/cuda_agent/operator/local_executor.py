@@ -229,7 +229,9 @@ class LocalExecutor:
         except OSError as error:
             return f"(trainer log {path} could not be read: {error})"
 
-    async def ensure(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> list[str]:
+    async def ensure(
+        self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec
+    ) -> tuple[list[str], list[str]]:
         """The sandbox server, then (once it answers) the trainer."""
         key = (run.namespace, run.name)
         local = self.runs.get(key)
@@ -238,6 +240,7 @@ class LocalExecutor:
             local = LocalRun(self.directory(*key), f"http://127.0.0.1:{free_port()}")
             self.runs[key] = local
         requeue = _requeue(context, run)
+        started: list[str] = []
         try:
             if local.sandbox is None or local.sandbox.state in ("stopped", "failed"):
                 pool = await _pool_spec(context, run.namespace, spec.sandbox_pool_ref.name)
@@ -247,12 +250,14 @@ class LocalExecutor:
                 if local.health is not None:
                     local.health.cancel()
                 local.health = asyncio.create_task(_watch_health(local, requeue))
+                started.append("sandbox server")
             if local.sandbox_ready and (local.trainer is None or local.trainer.state == "stopped"):
                 local.trainer = await self._trainer(context, local, run, spec, requeue)
                 local.trainer.start()
+                started.append("trainer")
         except (KubeError, OSError, ValueError) as error:
-            return [f"local executor: {error}"]
-        return []
+            return started, [f"local executor: {error}"]
+        return started, []
 
     def _sandbox(self, local: LocalRun, pool: SandboxPoolSpec, requeue: Callable[[], None]) -> Supervised:
         """`cuda-agent sandbox serve` with the config a pool's pod gets, placed on this machine: loopback
@@ -315,23 +320,27 @@ class LocalExecutor:
             cwd=local.directory,
         )
 
-    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> None:
-        await self._stop((run.namespace, run.name), keep_finished=keep_finished)
+    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> list[str]:
+        return await self._stop((run.namespace, run.name), keep_finished=keep_finished)
 
-    async def _stop(self, key: tuple[str, str], keep_finished: bool) -> None:
+    async def _stop(self, key: tuple[str, str], keep_finished: bool) -> list[str]:
         local = self.runs.get(key)
         if local is None:
-            return
+            return []
         if local.health is not None:
             local.health.cancel()
+        stopped = []
         for process in (local.trainer, local.sandbox):
             if process is not None:
+                if process.state not in ("stopped", "succeeded", "failed"):
+                    stopped.append(process.name)
                 await process.stop()
         finished = local.trainer is not None and local.trainer.state in ("succeeded", "failed")
         if not (keep_finished and finished):
             if self.runs.get(key) is local:  # a deletion and the operator's shutdown may both stop it
                 del self.runs[key]  # a resumed run starts afresh (from its checkpoint)
             shutil.rmtree(local.sandbox_state, ignore_errors=True)
+        return stopped
 
     def forget(self, namespace: str, name: str) -> None:
         if (namespace, name) in self.runs:
@@ -344,7 +353,7 @@ class LocalExecutor:
             await self._stop(key, keep_finished=False)
 
 
-_background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget stops alive until they finish
+_background: set[asyncio.Task[list[str]]] = set()  # keeps fire-and-forget stops alive until they finish
 
 
 def trainer_state(trainer: Supervised | None) -> tuple[DriverState, str]:

@@ -45,6 +45,7 @@ from cuda_agent.operator.workqueue import Key
 log = logging.getLogger(__name__)
 CHECKPOINT_BEFORE = "cuda-agent.io/suspend-checkpoint-before"
 CHECKPOINT_POLL_SECONDS = 2.0
+RELEASE_SECONDS = 2.0  # after a run lets go of its pods, when queued runs check the capacity again
 TERMINAL = (RunCondition.SUCCEEDED, RunCondition.FAILED)
 
 
@@ -175,7 +176,8 @@ async def check_references(
             RunCondition.PROVISIONING,
             False,
             "SandboxPoolNotFound",
-            f"SandboxPool {namespace}/{pool} does not exist",
+            f"SandboxPool {namespace}/{pool} does not exist: create it or fix spec.sandboxPoolRef.name "
+            f"(checked again every {context.config.sync_period:g} s)",
         )
     secret_name = context.config.artifacts_secret
     secret = await context.kube.get(Ref("Secret", namespace, secret_name))
@@ -184,18 +186,22 @@ async def check_references(
             RunCondition.PROVISIONING,
             False,
             "ArtifactsSecretNotFound",
-            f"Secret {namespace}/{secret_name} (MinIO/S3 endpoint and credentials) does not exist",
+            f"Secret {namespace}/{secret_name} (MinIO/S3 endpoint and credentials) does not exist: create "
+            "it with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or start the operator "
+            "with --artifacts-secret naming yours",
         )
     try:
         config = StorageConfig.from_secret(secret)
     except StorageConfigError as error:
-        return Condition(RunCondition.PROVISIONING, False, "ArtifactsSecretInvalid", str(error))
+        return Condition(
+            RunCondition.PROVISIONING, False, "ArtifactsSecretInvalid", f"{error}: fix Secret {secret_name}"
+        )
     if config.endpoint is None:
         return Condition(
             RunCondition.PROVISIONING,
             False,
             "ArtifactsSecretInvalid",
-            f"Secret {namespace}/{secret_name} names no S3 endpoint",
+            f"Secret {namespace}/{secret_name} names no S3 endpoint: add AWS_ENDPOINT_URL",
         )
     return None
 
@@ -218,11 +224,14 @@ async def _suspend_step(
         await context.kube.merge_patch(Ref.of(body), patch)
         requested, before = now, last
     if last and last != before:
-        return "suspended", f"checkpoint {last} written: scaled to zero", True
-    if driver != "active":
-        return "suspended", "no trainer was running: scaled to zero", True
+        return "suspended", f"checkpoint {last} written: scaled to zero; resumes from {last}", True
     if now - requested >= timedelta(seconds=context.config.suspend_checkpoint_timeout):
         return "suspended", f"no new checkpoint within the timeout: scaled to zero; resumes from {last}", True
+    if driver == "complete":
+        # The trainer exits 0 right after reporting its checkpoint: wait for that report to show.
+        return "checkpointing", "the trainer exited after its checkpoint; waiting for its report", False
+    if driver != "active":
+        return "suspended", "no trainer was running: scaled to zero", True
     return "checkpointing", "waiting for the trainer's checkpoint before scaling to zero", False
 
 
@@ -233,6 +242,8 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     if body is None:
         context.forget(key)
         context.executor.forget(namespace, name)  # pods go by owner reference; local processes stop
+        for queued in context.queued_runs:  # its GPUs free up once the garbage collector is done
+            context.queue.add_after(queued, RELEASE_SECONDS)
         return None
     ref = Ref(lb.RUN_KIND, namespace, name)
     previous = _previous_status(context, key, body)
@@ -274,11 +285,11 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     driver = compute.driver
     if ended is not None:
         driver = "complete" if ended.type == RunCondition.SUCCEEDED else "failed"
-    elif spec.suspend and driver == "complete":
-        driver = "absent"  # a trainer exits 0 after its suspension checkpoint: the run is not finished
     suspend, suspend_message, delete_now = None, "", False
     if spec.suspend and ended is None:
         suspend, suspend_message, delete_now = await _suspend_step(context, body, compute.exists, driver, now)
+        if driver == "complete":
+            driver = "absent"  # a trainer exits 0 after its suspension checkpoint: the run is not finished
     elif (body["metadata"].get("annotations") or {}).get(lb.SUSPEND_REQUESTED_AT):
         cleared = {"metadata": {"annotations": {lb.SUSPEND_REQUESTED_AT: None, CHECKPOINT_BEFORE: None}}}
         await context.kube.merge_patch(ref, cleared)
@@ -293,11 +304,15 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     # 5. Admission and compute, under the admission lock while the run still has to be admitted, so
     #    the gang it was checked for exists (as pending pods) before another run is checked.
     admission: Condition | None = None
+    removed: list[str] = []
     must_admit = ended is None and not newly_ended and not spec.suspend and not compute.exists
     async with context.admission_lock if must_admit else nullcontext():
         if ended is not None or delete_now:
             # 5a. Let go of the compute (the end's record, a finished driver pod, stays for its logs).
-            await executor.remove(context, run, keep_finished=not spec.suspend)
+            removed = await executor.remove(context, run, keep_finished=not spec.suspend)
+            if removed:  # GPUs free up: queued runs look again once the pods are gone
+                for queued in context.queued_runs - {key}:
+                    context.queue.add_after(queued, RELEASE_SECONDS)
             if ended is not None:
                 admission = Condition(
                     RunCondition.ADMITTED, False, "RunFinished", "the run ended and released its GPUs"
@@ -311,7 +326,8 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
             if admission.status:
                 start_time = start_time or now
             if admission.status or run.gang.mechanism:  # a gang scheduler holds the pods itself
-                errors += await executor.ensure(context, run, spec)
+                started, ensure_errors = await executor.ensure(context, run, spec)
+                created, errors = created + started, errors + ensure_errors
         if spec.suspend and ended is None:
             admission = Condition(
                 RunCondition.ADMITTED, False, "Suspended",
@@ -333,8 +349,9 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
         admission, failure,
     )  # fmt: skip
     await _write_status(
-        context, body, ref, state, generation, now, rfc3339(start_time) if start_time else None, created
-    )
+        context, body, ref, state, generation, now, rfc3339(start_time) if start_time else None,
+        created, removed,
+    )  # fmt: skip
     if errors:
         return context.queue.error_backoff
     if newly_ended:
@@ -469,6 +486,7 @@ async def _write_status(
     now: datetime,
     start_time: str | None,
     created: Sequence[str] = (),
+    removed: Sequence[str] = (),
 ) -> None:
     """The pass's one status write (operator-owned fields only), skipped when nothing changed; then
     an Event per transition and one log line."""
@@ -501,7 +519,7 @@ async def _write_status(
             detail = f"{driving.get('reason')}: {driving.get('message')}" if driving else ""
             events.insert(0, Event(phase == RunPhase.FAILED, str(phase), f"phase {phase}: {detail}"))
         await post(context, body, events)
-    log_pass(ref.kind, ref.namespace, ref.name, created=list(created), **changes)
+    log_pass(ref.kind, ref.namespace, ref.name, created=list(created), removed=list(removed), **changes)
 
 
 # The condition whose message explains a phase (the phase's Event carries it).
