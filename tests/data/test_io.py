@@ -112,6 +112,7 @@ def test_synth_cli_is_resumable(tmp_path: Path, catalogue: Catalogue) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert summary["accepted"] == 5 and abs(sum(summary["ops_share"].values()) - 1) < 1e-9
     assert set(summary["rejections"]) == set(QUICK.split(","))
+    assert set(summary["runtime_ms"]) == {"p10", "p50", "p90"} and summary["runtime_ms"]["p50"] > 0
     dataset = read_ops6k(str(out / "dataset.parquet"))
     assert len(dataset) == 5 and all(s.accepted and s.verdicts for s in dataset)
     jsonl_ids = [json.loads(line)["id"] for line in (out / "dataset.jsonl").read_text().splitlines()]

@@ -71,8 +71,8 @@ class _Run:
         return out
 
 
-def _verdict(name: str, passed: bool, detail: str = "") -> Verdict:
-    return {"filter": name, "passed": bool(passed), "detail": detail[:300]}
+def _verdict(name: str, passed: bool, detail: str = "", value: float | None = None) -> Verdict:
+    return {"filter": name, "passed": bool(passed), "detail": detail[:300], "value": value}
 
 
 def runs_eager(run: _Run) -> Verdict:
@@ -127,9 +127,8 @@ def runtime(run: _Run) -> Verdict:
     median = statistics.median(times)
     low, high = settings["min_runtime_ms"], settings["max_runtime_ms"]
     passed = low <= median <= high
-    return _verdict(
-        "runtime", passed, f"median {median:.3f} ms on {settings['device']}, bounds [{low}, {high}] ms"
-    )
+    detail = f"median {median:.3f} ms on {settings['device']}, bounds [{low}, {high}] ms"
+    return _verdict("runtime", passed, detail, median)
 
 
 def runs_compiled(run: _Run) -> Verdict:

@@ -69,7 +69,9 @@ def decontamination(run: _Static) -> Verdict:
     if match is None:
         return Verdict(filter="decontamination", passed=True, detail="similarity 0")
     detail = f"closest {match.task} at similarity {match.similarity:.3f}"
-    return Verdict(filter="decontamination", passed=match.similarity <= threshold, detail=detail)
+    return Verdict(
+        filter="decontamination", passed=match.similarity <= threshold, detail=detail, value=match.similarity
+    )
 
 
 def no_stochastic_ops(run: _Static) -> Verdict:

@@ -99,7 +99,14 @@ def ops6k_parquet(samples: Sequence[Sample]) -> bytes:
             (
                 "verdicts",
                 pa.list_(
-                    pa.struct([("filter", pa.string()), ("passed", pa.bool_()), ("detail", pa.string())])
+                    pa.struct(
+                        [
+                            ("filter", pa.string()),
+                            ("passed", pa.bool_()),
+                            ("detail", pa.string()),
+                            ("value", pa.float64()),
+                        ]
+                    )
                 ),
             ),
             ("accepted", pa.bool_()),

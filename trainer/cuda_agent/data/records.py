@@ -62,6 +62,7 @@ class Verdict(BaseModel):
     filter: FilterName
     passed: bool
     detail: str = ""
+    value: float | None = Field(default=None, description="the measured number: runtime ms, similarity")
 
 
 class Sample(BaseModel):
@@ -96,6 +97,9 @@ class Summary(BaseModel):
         description="'1'..'5' -> share of accepted samples with that many ops"
     )
     rejections: dict[str, int]
+    runtime_ms: dict[str, float] = Field(
+        default_factory=dict, description="p10 / p50 / p90 of the median eager time of candidates timed"
+    )
     device: Device
     composer: str
     seed: int

@@ -83,8 +83,16 @@ def load_existing(out: str) -> dict[str, Sample]:
     return found
 
 
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {f"p{p}": ordered[min(len(ordered) - 1, len(ordered) * p // 100)] for p in (10, 50, 90)}
+
+
 def summarize(candidates: list[Sample], accepted: list[Sample], config: SynthConfig) -> Summary:
     counts = Counter(min(s.n_ops, 5) for s in accepted)
+    timed = [v.value for s in candidates for v in s.verdicts if v.filter == "runtime" and v.value is not None]
     total = max(1, len(accepted))
     rejections = Counter(s.rejected_by for s in candidates if s.rejected_by is not None)
     return Summary(
@@ -92,6 +100,7 @@ def summarize(candidates: list[Sample], accepted: list[Sample], config: SynthCon
         accepted=len(accepted),
         ops_share={str(k): counts.get(k, 0) / total for k in range(1, 6)},
         rejections={name: rejections.get(name, 0) for name in config.filters.enabled},
+        runtime_ms=_percentiles(timed),
         device=config.device,
         composer=config.composer,
         seed=config.seed,
