@@ -46,6 +46,7 @@ class OperatorContext:
     applied: dict[tuple[str, str, str], str] = field(default_factory=dict)
     # (kind, namespace, name) -> (monotonic time, status) of this process's last status write
     status_written: dict[Key, tuple[float, dict[str, Any]]] = field(default_factory=dict)
+    written_uids: dict[Key, str] = field(default_factory=dict)  # whose status `status_written` holds
     # Held from a run's capacity check until its pods exist, so two runs cannot both take the same GPUs.
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     queued_runs: set[Key] = field(default_factory=set)  # TrainingRuns in phase Queued (a metric)
@@ -54,6 +55,7 @@ class OperatorContext:
         """Drop what the operator remembers about an object that was deleted."""
         self.histories.pop(key, None)
         self.status_written.pop(key, None)
+        self.written_uids.pop(key, None)
         self.queued_runs.discard(key)
 
     def owner(self, key: Key) -> Manifest | None:

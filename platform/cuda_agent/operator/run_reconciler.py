@@ -263,7 +263,9 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     else:
         blocked = None if ended else await check_references(context, namespace, spec)
     if spec is None or blocked is not None:
-        state = RunState(blocked, None, "", False, "", "absent", "", previous.get("step"), 0, failure=ended)
+        failed = ended if ended is not None and ended.type == RunCondition.FAILED else None
+        driver = "complete" if ended is not None and failed is None else "absent"
+        state = RunState(blocked, None, "", False, "", driver, "", previous.get("step"), 0, failure=failed)
         await _write_status(context, body, ref, state, generation, now, previous.get("startTime"))
         return context.config.sync_period  # the pool or Secret may appear later
 
@@ -474,6 +476,8 @@ def _previous_status(context: OperatorContext, key: Key, body: Manifest) -> Mani
     not show that write yet, and a pass must never act on an older picture (restart an ended run)."""
     status = dict(body.get("status") or {})
     _, written = context.status_written.get(key, (0.0, {}))
+    if context.written_uids.get(key) != body["metadata"].get("uid"):
+        return status  # a run deleted and created again under the same name starts from its own status
     return {**status, **written}
 
 
@@ -512,6 +516,7 @@ async def _write_status(
             log.warning("status of TrainingRun %s/%s not written: %s", ref.namespace, ref.name, error)
             return
         context.status_written[key] = (time.monotonic(), status)
+        context.written_uids[key] = body["metadata"].get("uid", "")
         events = condition_events(previous, status, _is_problem)
         if "phase" in changes:  # the phase's Event tells what its condition's Event would repeat
             events = [e for e in events if e.reason != str(phase)]
