@@ -300,7 +300,7 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     start_time = parse_rfc3339(previous.get("startTime"))
     failure = ended if ended is not None and ended.type == RunCondition.FAILED else None
     if ended is None and not spec.suspend:
-        failure = await _failure(context, run, spec, compute, previous, start_time, now)
+        failure = await decide_failure(context, run, spec, compute, previous, start_time, now)
     newly_ended = ended is None and (failure is not None or driver == "complete")
 
     # 5. Admission and compute, under the admission lock while the run still has to be admitted, so
@@ -394,7 +394,7 @@ async def _admit(
     return gang_condition(gang, available), run
 
 
-async def _failure(
+async def decide_failure(
     context: OperatorContext,
     run: RunContext,
     spec: TrainingRunSpec,
@@ -406,6 +406,8 @@ async def _failure(
     """The Failed condition of a run that must end now (pure but for reading a failed trainer's log)."""
     policy = spec.run_policy
     last = previous.get("lastCheckpoint") or "none"
+    if compute.driver == "complete":
+        return None  # a trainer that finished succeeded, however long it took
     if compute.driver == "failed":
         tail = await context.executor.log_tail(context, run, LOG_TAIL_LINES)
         logs = f"\nlast {LOG_TAIL_LINES} log lines of the trainer:\n{tail[-3000:]}" if tail.strip() else ""

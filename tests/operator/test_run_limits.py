@@ -1,0 +1,58 @@
+"""When a run must end: deadline, start timeout (with the stuck pod's reason), a finished trainer past
+its deadline. `_failure` reads the executor only for a failed trainer's log, so these cases pass a bare
+context object (no apiserver is involved in the decision)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.operator.conditions import Condition
+from cuda_agent.operator.executor import Compute
+from cuda_agent.operator.run_children import RunContext
+from cuda_agent.operator.run_reconciler import decide_failure
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+RUN = RunContext("run", "team", "uid", "img", "artifacts", "s3://b/p", None, None)
+SPEC = TrainingRunSpec.model_validate(
+    {
+        "model": {"base": "s3://models/m"},
+        "dataset": {"uri": "s3://data/d"},
+        "sandboxPoolRef": {"name": "pool"},
+        "runPolicy": {"activeDeadlineSeconds": 3600, "startTimeoutSeconds": 600},
+    }
+)
+
+
+def failure(compute: Compute, started_ago: float, phase: str = "Pending") -> Condition | None:
+    previous: dict[str, Any] = {"phase": phase, "lastCheckpoint": "s3://b/p/step-4"}
+    start = NOW - timedelta(seconds=started_ago)
+    return asyncio.run(decide_failure(SimpleNamespace(), RUN, SPEC, compute, previous, start, NOW))  # type: ignore[arg-type]
+
+
+def compute(ready: bool, driver: str, stuck: tuple[str, str] | None = None) -> Compute:
+    return Compute(True, ready, "1/2 Ray pods ready", driver, "driver pod starting", stuck=stuck)  # type: ignore[arg-type]
+
+
+def test_deadline_ends_a_running_run_and_names_its_last_checkpoint() -> None:
+    assert failure(compute(True, "active"), 3599, "Running") is None
+    ended = failure(compute(True, "active"), 3600, "Running")
+    assert ended is not None and ended.reason == "DeadlineExceeded"
+    assert "activeDeadlineSeconds=3600" in ended.message and "step-4" in ended.message
+
+
+def test_a_start_that_never_comes_ends_with_the_stuck_pods_reason() -> None:
+    assert failure(compute(False, "absent"), 599) is None
+    stuck = ("Unschedulable", "pod run-ray-worker-0: 0/16 nodes are available")
+    ended = failure(compute(False, "absent", stuck), 600)
+    assert ended is not None and ended.reason == "Unschedulable" and "0/16 nodes" in ended.message
+    plain = failure(compute(False, "absent"), 600)
+    assert plain is not None and plain.reason == "StartTimeout" and "1/2 Ray pods" in plain.message
+    assert failure(compute(True, "active"), 900, "WarmingUp") is None  # it started: no start timeout
+
+
+def test_a_finished_trainer_succeeds_even_past_its_deadline() -> None:
+    assert failure(compute(True, "complete"), 7200, "Running") is None
