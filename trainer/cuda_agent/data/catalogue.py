@@ -205,14 +205,20 @@ def constructor_class(entry: CatalogueEntry) -> type | None:
     if entry.kind != "module":
         return None
     if entry.source == "transformers":
-        namespace: dict[str, Any] = {}
-        exec(compile(_INLINE_PRELUDE + entry.inline_source, entry.name, "exec"), namespace)
-        cls: type = namespace[entry.name.removeprefix("transformers.")]
-        return cls
+        return _inlined_class(entry.name.removeprefix("transformers."), entry.inline_source)
     import torch.nn as nn
 
     module_cls: type = getattr(nn, entry.name.removeprefix("nn."))
     return module_cls
+
+
+@functools.cache
+def _inlined_class(name: str, source: str) -> type:
+    """The class defined by inlined source (executed once per process, not once per composition)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(_INLINE_PRELUDE + source, name, "exec"), namespace)
+    cls: type = namespace[name]
+    return cls
 
 
 _INLINE_PRELUDE = "\n".join(

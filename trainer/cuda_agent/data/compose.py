@@ -157,11 +157,11 @@ class ProgrammaticComposer:
                     inputs.append((operand, fitted.operand))
             chosen.append((entry, fitted, operand))
             values.append(fitted.out)
-        return self._name_values(chosen, inputs, len(values))
+        return self._name_values(chosen, inputs)
 
     @staticmethod
     def _name_values(
-        chosen: list[tuple[CatalogueEntry, Plan, int | None]], inputs: list[tuple[int, Shape]], n_values: int
+        chosen: list[tuple[CatalogueEntry, Plan, int | None]], inputs: list[tuple[int, Shape]]
     ) -> tuple[list[AppliedOp], list[tuple[str, Shape]]]:
         """Spell values the way KernelBench tasks do (`x = op(x)`), naming only those read again later."""
         input_ids = {i for i, _ in inputs}

@@ -283,9 +283,12 @@ def _norm(name: str, shape: Shape, rng: random.Random, sizes: Sizes) -> Plan | N
         return Plan({"size": 2}, shape) if len(shape) >= 3 else None
     if lowered == "normalize":
         return Plan({"dim": _pick_dim(shape, rng)}, shape)
-    if lowered == "rmsnorm_hidden":  # transformers' RMSNorm classes take hidden_size
-        return Plan({"hidden_size": shape[-1]}, shape)
     return None
+
+
+def _norm_hidden_size(name: str, shape: Shape, rng: random.Random, sizes: Sizes) -> Plan:
+    """transformers' RMSNorm-style classes: normalized over the last dimension, given as hidden_size."""
+    return Plan({"hidden_size": shape[-1]}, shape)
 
 
 # -- pairs, losses, sequence models -----------------------------------------------------------------------
@@ -609,13 +612,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("recurrent_cell", (2,), _recurrent, _names("RNNCell", "GRUCell", "LSTMCell")),
 )
 _BY_NAME = {name: family for family in FAMILIES for name in family.names}
-RMS_NORM_HIDDEN = Family("norm_hidden_size", (2, 3, 4), lambda n, s, r, z: _norm("rmsnorm_hidden", s, r, z))
+# Assigned by the crawler to transformers classes, never by name.
+RMS_NORM_HIDDEN = Family("norm_hidden_size", (2, 3, 4), _norm_hidden_size)
 
 
 def family_named(name: str) -> Family:
-    if name == RMS_NORM_HIDDEN.name:
-        return RMS_NORM_HIDDEN
-    for family in FAMILIES:
+    for family in (*FAMILIES, RMS_NORM_HIDDEN):
         if family.name == name:
             return family
     raise KeyError(f"no operator family {name!r}")
