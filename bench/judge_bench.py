@@ -10,6 +10,7 @@ Measures (targets from the judge issue):
                           reinforcement-learning case, where each rollout brings new kernel text   <= 15 s p50
   new kernel              new .cu text, bindings unchanged (an agent iterating on its kernels)    <= 15 s p50
   cached                  the same candidate again (all objects and the link cached)               <= 2 s p50
+  load_inline             never-seen KernelBench-format candidates, 4 in flight, warm cache       <= 30 s p50
   speedup CV              10 re-evaluations of one kernel: CV of speedup vs eager and vs compile   <= 1 %
   evaluations / GPU-hour  fresh candidates with several builds in flight, vs one at a time
 With --via zygote every evaluation is forked from a judge zygote started once (as the session server runs
@@ -95,6 +96,51 @@ print(time.monotonic() - start)
 """
 
 
+# A KernelBench-style load_inline candidate for relu_mul_add: torch types and factories in the CUDA source,
+# as most generated kernels write it (the example solution keeps torch out of its .cu instead).
+INLINE_TORCH_CU = r'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_CUDA = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <cuda_runtime.h>
+// bench nonce NONCE
+
+__global__ void relu_mul_add_kernel(const float* a, const float* b, const float* c, float* out, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < n) { float p = a[i] * b[i]; out[i] = (p > 0.f ? p : 0.f) + c[i]; }
+}
+
+torch::Tensor relu_mul_add(torch::Tensor a, torch::Tensor b, torch::Tensor c) {
+    TORCH_CHECK(a.is_cuda() && a.is_contiguous(), "a must be a contiguous CUDA tensor");
+    auto out = torch::empty_like(a);
+    int64_t n = a.numel();
+    int threads = 256;
+    int blocks = (int)((n + threads - 1) / threads);
+    relu_mul_add_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), out.data_ptr<float>(), n);
+    return out;
+}
+"""
+
+_ext = load_inline(
+    name="bench_relu_mul_add_kb",
+    cpp_sources="torch::Tensor relu_mul_add(torch::Tensor a, torch::Tensor b, torch::Tensor c);",
+    cuda_sources=_CUDA,
+    functions=["relu_mul_add"],
+    extra_cuda_cflags=["-O3"],
+)
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, b, c):
+        return _ext.relu_mul_add(a, b, c)
+'''
+
+
 @dataclass
 class Evaluation:
     wall_s: float
@@ -148,12 +194,19 @@ class Bench:
                 source.write_text(source.read_text() + f"\n// bench nonce {uuid.uuid4().hex}\n")
         return target
 
-    def judge(self, candidate: Path, cache: Path, label: str) -> Evaluation:
+    def judge(
+        self,
+        candidate: Path,
+        cache: Path,
+        label: str,
+        task: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Evaluation:
         command = [
             sys.executable,
             "-c",
             JUDGE_ENTRY,
-            str(self.task),
+            str(task or self.task),
             str(candidate),
             "--device",
             self.args.device,
@@ -164,13 +217,13 @@ class Bench:
         started = time.monotonic()
         try:
             if self.zygote is not None:
-                proc = self.zygote.run(command[3:], self.work, self.args.item_timeout)
+                proc = self.zygote.run(command[3:], self.work, self.args.item_timeout, env)
             else:
                 proc = subprocess.run(
                     command,
                     capture_output=True,
                     text=True,
-                    env=self.env,
+                    env={**self.env, **(env or {})},
                     cwd=REPO,
                     check=False,
                     timeout=self.args.item_timeout,
@@ -339,6 +392,63 @@ class Bench:
                 "yes" if p50 <= 2 else "NO",
             )
 
+    def inline_candidates(self) -> None:
+        """Never-seen load_inline candidates (KernelBench format), 4 in flight, warm cache: the example
+        solution (no torch in its .cu) and a KernelBench-style one (torch in its .cu); baseline: the same
+        candidates with every CUDA unit compiled exactly as written (CUDA_AGENT_JUDGE_EXACT_HEADERS=1)."""
+        print("load_inline candidates (new text, 4 in flight, warm cache):", flush=True)
+        task = task_at_scale(TASKS_DIR / "relu_mul_add.py", self.args.scale, self.work / "tasks-inline")
+        example = (SOLUTIONS_DIR / "relu_mul_add" / "cuda" / "model_new.py").read_text()
+        kinds = {
+            "example (raw .cu)": lambda: example.replace(
+                '_CUDA = r"""', f'_CUDA = r"""\n// {uuid.uuid4().hex}'
+            ),
+            "KernelBench style (torch in .cu)": lambda: INLINE_TORCH_CU.replace("NONCE", uuid.uuid4().hex),
+        }
+        for label, make in kinds.items():
+            if self.over_budget():
+                return
+            self.judge(self.inline_candidate(make()), self.warm_cache, "inline-warmup", task=task)
+            results: dict[str, list[Evaluation]] = {}
+            for mode, exact in (("light", False), ("exact", True)):
+                if self.over_budget():
+                    break
+                env = {"CUDA_AGENT_JUDGE_EXACT_HEADERS": "1"} if exact else {}
+                candidates = [self.inline_candidate(make()) for _ in range(self.args.inline_evals)]
+                with ThreadPoolExecutor(max_workers=4) as pool:
+                    results[mode] = list(
+                        pool.map(
+                            lambda c, e=env, m=mode: self.judge(
+                                c, self.warm_cache, f"inline-{m}", task=task, env=e
+                            ),
+                            candidates,
+                        )
+                    )
+                self.breakdown(f"inline {label} {mode}", results[mode])
+            light = [e for e in results.get("light", []) if e.ok]
+            exact_walls = [e.wall_s for e in results.get("exact", []) if e.ok]
+            if not light:
+                problems = [e.problem for e in results.get("light", [])]
+                print(f"  {label}: no successful evaluation: {problems}", flush=True)
+                continue
+            p50 = statistics.median(e.wall_s for e in light)
+            build = statistics.median((e.report or {}).get("seconds", {}).get("build", 0.0) for e in light)
+            base = statistics.median(exact_walls) if exact_walls else None
+            self.row(
+                f"load_inline {label}, 4 in flight (p50 s)",
+                f"{p50:.1f} (build {build:.1f}, n={len(light)})",
+                f"{base:.1f} exact headers" if base else "-",
+                f"{p50 / base:.2f}x" if base else "-",
+                "<= 30",
+                "yes" if p50 <= 30 else "NO",
+            )
+
+    def inline_candidate(self, source: str) -> Path:
+        target = self.work / "candidates" / uuid.uuid4().hex[:12]
+        target.mkdir(parents=True)
+        (target / "model_new.py").write_text(source)
+        return target
+
     def speedup_cv(self) -> None:
         print(f"speedup repeatability ({self.args.cv_runs} re-evaluations of one kernel):", flush=True)
         candidate = self.fresh_candidate()
@@ -468,6 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--parallel-evals", type=int, default=12, help="fresh candidates for throughput")
     parser.add_argument(
+        "--inline-evals", type=int, default=4, help="load_inline candidates per kind and mode (default 4)"
+    )
+    parser.add_argument(
         "--jobs", type=int, default=6, help="evaluations in flight for throughput (default 6)"
     )
     parser.add_argument("--serial-evals", type=int, default=3, help="one-at-a-time baseline evaluations")
@@ -483,8 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sections",
-        default="cold,candidate,kernel,cached,cv,throughput",
-        help="comma-separated subset of cold,candidate,kernel,cached,cv,throughput (in this order)",
+        default="cold,candidate,kernel,cached,inline,cv,throughput",
+        help="comma-separated subset of cold,candidate,kernel,cached,inline,cv,throughput (in this order)",
     )
     parser.add_argument(
         "--device",
@@ -517,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         ("candidate", bench.cold_candidates),
         ("kernel", bench.new_kernels),
         ("cached", bench.cached),
+        ("inline", bench.inline_candidates),
         ("cv", bench.speedup_cv),
         ("throughput", bench.throughput),
     ]

@@ -345,11 +345,13 @@ class ZygoteRunner:
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.zygote.close(), self.loop).result()
 
-    def run(self, argv: list[str], work: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: list[str], work: Path, timeout: float, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         from cuda_agent.sandbox.server.isolation import unconfined_spec
 
         job = Path(tempfile.mkdtemp(prefix="job-", dir=work))
-        spec = unconfined_spec([], self.env, str(REPO))
+        spec = unconfined_spec([], {**self.env, **(env or {})}, str(REPO))
 
         async def judge() -> int | None:
             forked = await self.zygote.spawn(argv, spec, str(job / "out"), str(job / "err"))

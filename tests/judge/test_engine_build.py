@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -207,3 +208,88 @@ def test_cache_cap_evicts_least_recently_used_idle_entries(tmp_path: Path) -> No
     assert [p.exists() for p in entries] == [False, False, True]
     build.BuildCache.touch(entries[2])
     assert cache.size() == 1000
+
+
+# -- lighter header variants (load_inline CUDA units on the GPU; the mechanism is generic, tried here
+# with g++ on plain C++ units, where the "heavy" variant needs a header that the light one does not) -------
+
+HEAVY_UNIT = (
+    "#include <map>\n// {token}\nint pick(int x) {{ std::map<int, int> m{{{{x, 1}}}}; return m[x]; }}\n"
+)
+
+
+def _variant_unit(directory: Path, name: str, code: str, label: str) -> build.Unit:
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / name
+    source.write_text(code)
+    return build.Unit(label, "cxx-plain", source, ["-O1", "-fPIC"], [], "variants")
+
+
+def _build_with_variants(
+    tmp_path: Path, light_code: str, cache: build.BuildCache, token: str
+) -> tuple[str, str]:
+    exact = _variant_unit(tmp_path / "src", "unit.cpp", HEAVY_UNIT.format(token=token), "variants/unit.cpp")
+    exact.lighter = [_variant_unit(tmp_path / "src", "unit.light.cpp", light_code + f"// {token}\n", "light")]
+    so, _, log = build._build_units(
+        "variants", [exact], [], build.detect_toolchain("cpu"), cache, deadline(), pch_user_flags=None
+    )
+    assert so is not None, log
+    return log, exact.lighter[0].key
+
+
+def test_the_lightest_variant_that_compiles_is_used(tmp_path: Path) -> None:
+    cache = build.BuildCache(tmp_path / "cache")
+    log, _ = _build_with_variants(tmp_path, "int pick(int x) { return x > -1; }\n", cache, uuid.uuid4().hex)
+    assert "light: compiled" in log and "variants/unit.cpp" not in log
+
+
+def test_a_lighter_variant_that_fails_falls_back_and_is_not_retried(tmp_path: Path) -> None:
+    cache = build.BuildCache(tmp_path / "cache")
+    broken = "int pick(int x) { std::map<int, int> m; return m[x]; }\n"  # needs <map>: does not compile
+    token = uuid.uuid4().hex
+    log, light_key = _build_with_variants(tmp_path, broken, cache, token)
+    assert "variants/unit.cpp: compiled" in log and "FAILED" not in log
+    marker = build._failure_marker(cache, light_key)
+    assert marker.exists()
+    os.utime(marker, (1.0, 1.0))
+    again, _ = _build_with_variants(tmp_path, broken, cache, token)
+    assert "variants/unit.cpp: cached" in again
+    assert marker.stat().st_mtime == 1.0  # known to fail: not compiled (nor marked) again
+
+
+def test_when_every_variant_fails_the_log_shows_the_exact_sources_error(tmp_path: Path) -> None:
+    cache = build.BuildCache(tmp_path / "cache")
+    exact = _variant_unit(tmp_path / "src", "unit.cpp", "int broken( {\n", "variants/unit.cpp")
+    exact.lighter = [_variant_unit(tmp_path / "src", "unit.light.cpp", "also broken(\n", "light")]
+    so, _, log = build._build_units(
+        "variants", [exact], [], build.detect_toolchain("cpu"), cache, deadline(), pch_user_flags=None
+    )
+    assert so is None
+    assert log.startswith("== variants/unit.cpp: FAILED ==") and "light" not in log
+
+
+def test_a_cancelled_compile_is_killed_with_its_children(tmp_path: Path) -> None:
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    started = time.monotonic()
+    marker = tmp_path / "child-ran"
+    with pytest.raises(build._Cancelled):
+        build._run_compiler(
+            ["sh", "-c", f"(sleep 3; touch {marker}) & wait"], tmp_path, time.monotonic() + 30, cancel
+        )
+    assert time.monotonic() - started < 2.5
+    time.sleep(3.5)
+    assert not marker.exists()  # the grandchild died with the process group
+
+
+def test_lighter_cuda_sources_drop_torch_headers_only_as_far_as_the_source_allows() -> None:
+    raw = "#include <torch/types.h>\n#include <cuda.h>\n__global__ void k(float* x) { x[0] = 1.f; }\n"
+    variants = build.lighter_cuda_sources(raw)
+    assert [what for what, _ in variants] == ["without torch headers", "with the judge's light torch header"]
+    assert "torch/" not in variants[0][1] and "<cuda.h>" in variants[0][1]
+    assert variants[1][1].startswith(f'#include "{build.LIGHT_HEADER}"')
+    uses_torch = raw + "#include <torch/extension.h>\ntorch::Tensor f(torch::Tensor x) { return x; }\n"
+    assert [what for what, _ in build.lighter_cuda_sources(uses_torch)] == [
+        "with the judge's light torch header"
+    ]
+    assert build.lighter_cuda_sources("__global__ void k() {}\n") == []
