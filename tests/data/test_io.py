@@ -127,18 +127,31 @@ def test_synth_to_minio(minio_server: Any, monkeypatch: pytest.MonkeyPatch, cata
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", minio_server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", minio_server.secret_key)
     out = "s3://data-synth/runs/r1"
-    S3Store(StorageConfig.from_env()).ensure_bucket(out)
+    store = S3Store(StorageConfig.from_env())
+    store.ensure_bucket(out)
+    # The benchmark set in KernelBench layout on MinIO too.
+    examples = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+    store.upload_file(examples / "row_sum.py", "s3://data-synth/bench/level1/1_row_sum.py")
+    store.upload_file(examples / "cumsum.py", "s3://data-synth/bench/level2/3_cumsum.py")
+    bench = read_kernelbench("s3://data-synth/bench")
+    assert [(t.name, t.level) for t in bench] == [
+        ("level1/1_row_sum.py", "level1"),
+        ("level2/3_cumsum.py", "level2"),
+    ]
     config = synth.SynthConfig(
         n=2,
         out=out,
         seed=4,
         batch_size=2,
+        benchmark="s3://data-synth/bench",
         filters=FilterConfig.for_device("cpu", enabled=tuple(QUICK.split(","))),
     )
     composer = ProgrammaticComposer(catalogue, seed=4)
-    summary = synth.run(config, composer)
+    summary = synth.run(config, composer, synth.benchmark_index(config.benchmark))
     assert summary.accepted == 2
-    assert len(read_ops6k(out + "/dataset.parquet")) == 2
+    dataset = read_ops6k(out + "/dataset.parquet")
+    assert len(dataset) == 2
+    assert all("closest level" in s.verdicts[1].detail for s in dataset)  # checked against the MinIO set
     assert len(synth.load_existing(out)) == summary.candidates
     again = synth.run(config, composer)  # resumed from MinIO: nothing new composed
     assert again.candidates == summary.candidates
