@@ -10,6 +10,7 @@ serves them with `serve_metrics(port)` (the trainer when CUDA_AGENT_METRICS_PORT
 from __future__ import annotations
 
 from collections.abc import Mapping
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -85,8 +86,8 @@ def record_step(
         ROLLOUT_TOKENS_PER_GPU_S.labels(stage=stage).set(generated_tokens / rollout_s / max(1, rollout_gpus))
 
 
-def serve_metrics(port: int, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> int:
-    """Serve `registry` as Prometheus /metrics on a background thread; returns the bound port (port 0
-    picks a free one)."""
+def serve_metrics(port: int, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+    """Serve `registry` as Prometheus /metrics on a background thread (port 0 picks a free port: read
+    it from the returned server's `server_port`; `shutdown()` stops it)."""
     server, _thread = start_http_server(port, addr=host, registry=registry)
-    return int(server.server_port)
+    return server
