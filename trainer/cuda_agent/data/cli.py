@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from cuda_agent.data.records import FILTER_ORDER, ComposerConfig, FilterConfig
+from cuda_agent.storage import StorageError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -189,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "catalogue":
             return _catalogue(args)
         return _refilter(args)
-    except (ValidationError, ValueError) as exc:
+    except (ValidationError, ValueError, StorageError) as exc:
         print(f"cuda-agent data {args.command}: {exc}", file=sys.stderr)
         return 2
 

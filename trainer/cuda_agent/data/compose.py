@@ -208,8 +208,10 @@ class EndpointConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    base_url: str = Field(description="e.g. http://127.0.0.1:8000 (the /v1/chat/completions host)")
-    model: str
+    base_url: str = Field(
+        pattern=r"^https?://[^/\s]+", description="e.g. http://127.0.0.1:8000 (serves /v1/chat/completions)"
+    )
+    model: str = Field(min_length=1)
     api_key: SecretStr | None = None
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int = Field(default=2048, ge=64)
