@@ -104,7 +104,7 @@ def test_synth_cli_is_resumable(tmp_path: Path, catalogue: Catalogue) -> None:
     args = ["synth", "--out", str(out), "--seed", "2", "--batch-size", "3", "--filters", QUICK]
     assert data_main([*args, "--n", "2"]) == 0
     first_shards = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
-    assert data_main([*args, "--n", "5"]) == 0
+    assert data_main([*args, "--n", "5", "--workers", "2"]) == 0  # the process-pool path
     shards = {p.name: p.read_bytes() for p in (out / "shards").iterdir()}
     assert all(shards[name] == data for name, data in first_shards.items())  # nothing recomposed
     ids = [json.loads(line)["id"] for data in shards.values() for line in data.decode().splitlines()]
