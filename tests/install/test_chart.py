@@ -92,8 +92,8 @@ def test_seccomp_daemonset_installs_the_sandbox_profile(helm: Helm) -> None:
 
 
 def test_security_profiles_operator_gets_the_same_profile_when_served(helm: Helm) -> None:
-    pool = ("--set", "sandboxPools[0].name=pool", "--set", "sandboxPools[0].spec.replicas=1")
-    objects = helm.template("--api-versions", SPO_API, *pool)
+    pool_values = ("--set", "sandboxPools[0].name=pool", "--set", "sandboxPools[0].spec.replicas=1")
+    objects = helm.template("--api-versions", SPO_API, *pool_values)
     assert not [
         o for o in objects if o["kind"] in ("DaemonSet", "ConfigMap") and "seccomp" in o["metadata"]["name"]
     ]

@@ -154,7 +154,7 @@ def copied(image: Image) -> list[tuple[str, str]]:
 
 def _build_context(image: Image, root: Path) -> Path:
     """The Dockerfile's WORKDIR with what its COPY lines put there."""
-    workdir = next(step["value"] for step in parsed(image).structure if step["instruction"] == "WORKDIR")
+    workdir: str = next(s["value"] for s in parsed(image).structure if s["instruction"] == "WORKDIR")
     context = root / workdir.lstrip("/")
     for source, destination in copied(image):
         target = context / (Path(source).name if destination in ("./", ".") else destination)

@@ -289,9 +289,8 @@ def _run_operator_and_reconcile(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    log = log_path.read_text()
     # The apiserver's refusals (HTTP 403) all say "forbidden".
-    refused = [line for line in log.splitlines() if "forbidden" in line.lower()]
+    refused = [line for line in log_path.read_text().splitlines() if "forbidden" in line.lower()]
     assert not refused, "\n".join(refused[:20])
 
 
