@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from cuda_agent.data.decontam import is_docstring
 from cuda_agent.data.execution import load_task
 from cuda_agent.data.families import RMS_NORM_HIDDEN, SIZES, Family, Plan, family_named, family_of
 from cuda_agent.data.records import CatalogueEntry, OpKind
@@ -142,12 +143,19 @@ def _tensor_ops() -> Iterator[CatalogueEntry]:
 
 
 def _inline_source(cls: type) -> str:
-    """The class's source without decorators (transformers wraps some in hub-kernel decorators), so the
-    task needs no transformers import where it is judged."""
+    """The class's source without decorators (transformers wraps some in hub-kernel decorators) and
+    docstrings, so the task needs no transformers import where it is judged and stays short."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     node = tree.body[0]
     if isinstance(node, ast.ClassDef):
         node.decorator_list = []
+    for scope in ast.walk(tree):
+        if (
+            isinstance(scope, ast.ClassDef | ast.FunctionDef)
+            and len(scope.body) > 1
+            and is_docstring(scope.body[0])
+        ):
+            scope.body = scope.body[1:]
     return ast.unparse(tree)
 
 

@@ -75,7 +75,7 @@ def _is_super_init(stmt: ast.stmt) -> bool:
     )
 
 
-def _is_docstring(stmt: ast.stmt) -> bool:
+def is_docstring(stmt: ast.stmt) -> bool:
     return (
         isinstance(stmt, ast.Expr)
         and isinstance(stmt.value, ast.Constant)
@@ -97,11 +97,11 @@ def _computation(tree: ast.Module) -> tuple[list[ast.stmt], set[str]]:
             body: list[ast.stmt] = []
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name in ("__init__", "forward"):
-                    body += [s for s in item.body if not _is_super_init(s) and not _is_docstring(s)]
+                    body += [s for s in item.body if not _is_super_init(s) and not is_docstring(s)]
                 if isinstance(item, ast.FunctionDef) and item.name == "__init__":
                     sizes |= {arg.arg for arg in item.args.args[1:] + item.args.kwonlyargs}
             return body, sizes
-    top = [s for s in tree.body if not isinstance(s, ast.Import | ast.ImportFrom) and not _is_docstring(s)]
+    top = [s for s in tree.body if not isinstance(s, ast.Import | ast.ImportFrom) and not is_docstring(s)]
     return top, set()
 
 
