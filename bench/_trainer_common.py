@@ -45,6 +45,15 @@ CONFIGS = {
         vocab_size=151_936,
         tie_word_embeddings=True,
     ),
+    "7b": dict(  # Qwen2-7B shape: 28 query heads, 4 key/value heads (both divide by 2 and 4)
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152_064,
+        tie_word_embeddings=False,
+    ),
     "tiny": dict(
         hidden_size=64,
         intermediate_size=128,

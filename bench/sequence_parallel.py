@@ -30,15 +30,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 CHUNK = 8192
 PROMPT = 1024
-SEVEN_B = dict(  # Qwen2-7B shape: 28 query heads, 4 key/value heads (both divide by 2 and 4)
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_hidden_layers=28,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    vocab_size=152_064,
-    tie_word_embeddings=False,
-)
 
 
 # -- one rank of one torchrun job --------------------------------------------------------------------
@@ -46,8 +37,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     sys.path.insert(0, str(HERE))
-    from _trainer_common import CONFIGS, is_oom, peak_gib, run_spec, timed
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from _trainer_common import is_oom, peak_gib, qwen2_config, run_spec, timed
+    from transformers import AutoModelForCausalLM
 
     from cuda_agent.trainer.experience import Episode
     from cuda_agent.trainer.models import Policy, enable_checkpointing
@@ -62,8 +53,8 @@ def worker(args: argparse.Namespace) -> None:
     dtype = torch.bfloat16 if gpu else torch.float32
     length = args.tokens
     row: dict[str, Any] = {"model": args.model, "gpus": world, "tokens": length}
-    shape = SEVEN_B if args.model == "7b" else CONFIGS[args.model]
-    config = Qwen2Config(**shape, max_position_embeddings=length + 1, rope_theta=1_000_000.0, use_cache=False)
+    config = qwen2_config(args.model, length + 1)
+    auto: Any = AutoModelForCausalLM
     try:
         spec = run_spec(
             microBatchTokens=length,
@@ -81,7 +72,7 @@ def worker(args: argparse.Namespace) -> None:
         )
         torch.manual_seed(0)
         with device:
-            lm = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+            lm = auto.from_config(config, dtype=dtype, attn_implementation="sdpa")
         enable_checkpointing(lm, spec.trainer)
         actor = PolicyActor(spec, device, Policy(lm, CHUNK))
         del lm
@@ -113,7 +104,7 @@ def worker(args: argparse.Namespace) -> None:
             target = torch.device("cuda", torch.cuda.device_count() - 1) if gpu else device
             rollout = None
             if rank == 0:
-                rollout = AutoModelForCausalLM.from_config(config, dtype=dtype).to(target).eval()
+                rollout = auto.from_config(config, dtype=dtype).to(target).eval()
 
             class Receiver:
                 def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from test_ppo_step import full_params, make_trajectories
 from torch import nn
+from torch.multiprocessing.spawn import start_processes
 
 from cuda_agent.api.trainingrun import TrainingRun, TrainingRunSpec
 from cuda_agent.localhost import free_port
@@ -137,7 +137,7 @@ def test_two_rank_sequence_parallel_equals_single_rank(
 ) -> None:
     single, sequence_parallel = specs
     out = tmp_path / "rank0.pt"
-    ranks = mp.start_processes(
+    ranks = start_processes(  # type: ignore[no-untyped-call]
         _rank_main,
         args=(free_port(), sequence_parallel.model_dump_json(), str(out)),
         nprocs=2,
@@ -157,8 +157,8 @@ def test_two_rank_sequence_parallel_equals_single_rank(
         torch.testing.assert_close(got["grads"][name], want, rtol=1e-4, atol=1e-6, msg=name)
     assert float(want_grads["loss.policy"].abs()) > 1e-3 and float(want_grads["loss.value"]) > 1e-3
 
-    for got_weights, want in ((got["policy"], want_policy), (got["critic"], want_critic)):
-        for name, value in full_params(want).items():
+    for got_weights, module in ((got["policy"], want_policy), (got["critic"], want_critic)):
+        for name, value in full_params(module).items():
             torch.testing.assert_close(got_weights[name], value, rtol=1e-4, atol=1e-6, msg=name)
     for key in METRICS:
         assert got["metrics"][key] == pytest.approx(want_metrics[key], rel=1e-4, abs=1e-6), key
@@ -204,3 +204,58 @@ def test_rollout_engines_take_the_tensor_parallel_size(run_document: Callable[..
     assert len({c.seed for c in configs}) == 2
     shared = spec.model_copy(update={"resources": spec.resources.model_copy(update={"rollout_gpus": 0})})
     assert len(rollout_engine_configs(shared, "/models/policy")) == 1  # the 2 trainer GPUs, TP 2
+
+
+@pytest.mark.skipif(
+    os.environ.get("CUDA_AGENT_RAY_SP_CHECK") != "1",
+    reason="12 Ray actor processes, ~1-2 min on 2 cores: run by hand with CUDA_AGENT_RAY_SP_CHECK=1",
+)
+def test_ray_groups_data_and_sequence_parallel_equal_one_local_rank(
+    run_document: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    """Four Ray ranks (data-parallel 2 x sequence-parallel 2, ZeRO-3): the driver sends each group its
+    shard, the PPO step, the weight sync, a checkpoint round trip and a second step equal one local rank."""
+    import ray
+
+    from cuda_agent.api.run_contract import TrainerEnv
+    from cuda_agent.trainer.ray.workers import RayWorkers
+    from cuda_agent.trainer.workers import LocalWorkers
+
+    assert not ray.is_initialized(), "run alone: this test starts its own 4-CPU cluster"
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        local_spec = TrainingRun.model_validate(run_document(trainer={"weightSyncBucketMb": 1})).spec
+        ray_spec = TrainingRun.model_validate(
+            run_document(
+                resources={"trainerGpus": 4, "sequenceParallelSize": 2, "rolloutGpus": 0},
+                trainer={"engine": "deepspeed", "zeroStage": 3, "useRay": True, "weightSyncBucketMb": 1},
+            )
+        ).spec
+        local = LocalWorkers.build(local_spec)
+        workers = RayWorkers.build(ray_spec, TrainerEnv(run_name="t"))
+
+        class Collect:
+            def __init__(self) -> None:
+                self.tensors: dict[str, torch.Tensor] = {}
+
+            def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+                self.tensors.update(bucket)
+
+        for step, seed in ((0, 3), (1, 4)):
+            trajectories = make_trajectories(6, seed=seed)
+            want = ppo_step(trajectories, local.actor, local.critic, local.reference, local_spec, step)
+            got = ppo_step(trajectories, workers.actor, workers.critic, workers.reference, ray_spec, step, 4)
+            for key in ("value_loss", "actor_grad_norm", "critic_grad_norm", "explained_variance", "entropy"):
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+            received = Collect()
+            workers.sync_weights(received)
+            policy = local.actor.module
+            assert isinstance(policy, Policy)
+            for name, value in policy.lm.named_parameters():
+                torch.testing.assert_close(received.tensors[name], value.detach(), rtol=1e-4, atol=1e-6)
+            if step == 0:  # a checkpoint round trip between the steps
+                uri = str(tmp_path / "ckpt-000000")
+                workers.save(tmp_path, uri)
+                workers.load(tmp_path, uri)
+    finally:
+        ray.shutdown()
