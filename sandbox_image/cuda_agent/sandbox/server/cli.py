@@ -192,21 +192,18 @@ async def serve(config: SandboxServerConfig, isolation: Isolation, gpus: int) ->
     await runner.cleanup()
 
 
-def _configure_tracing() -> None:
-    """Traces per the OTEL_* environment (docs/telemetry.md); a bad value stops startup naming it."""
-    from cuda_agent.telemetry import TelemetryConfig, configure_tracing
-
-    try:
-        configure_tracing(TelemetryConfig.from_env(service_name="cuda-agent-sandbox"))
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
-
-
 def main(argv: Sequence[str]) -> int:
+    from cuda_agent.telemetry import TelemetryConfig, configure_logging, configure_tracing
+
     args = _parser().parse_args(list(argv))
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    try:
+        # OTEL_* and CUDA_AGENT_LOG_FORMAT (docs/telemetry.md); a bad value stops startup naming it.
+        telemetry = TelemetryConfig.from_env(service_name="cuda-agent-sandbox")
+    except ValueError as exc:
+        print(f"cuda-agent sandbox: {exc}", file=sys.stderr)
+        return 2
+    # JSON lines carrying the trace id of the request a line was logged in (text when asked).
+    configure_logging(args.log_level.upper(), telemetry.log_format)
     try:
         config = load_config(args)
         mode = detect_mode(config.isolation)
@@ -214,7 +211,7 @@ def main(argv: Sequence[str]) -> int:
         private = harden_server_process(private_mounts=mode == "root")
         lock_fd = check_environment(config, mode)
         isolation = Isolation(config, mode, private)
-        _configure_tracing()  # after hardening: its exporter starts a thread
+        configure_tracing(telemetry)  # after hardening: its exporter starts a thread
         asyncio.run(serve(config, isolation, count_gpus(config.gpus)))
     except (StartupError, IsolationError) as exc:
         print(f"cuda-agent sandbox: {exc}", file=sys.stderr)
