@@ -91,6 +91,8 @@ CRAFTED: dict[str, tuple[Sample, dict[str, Any]]] = {
     "nontrivial_output:inputs": (_task("return torch.ones_like(x).cumsum(-1)"), {}),
     # A trivially cheap task under the paper's [1, 100] ms window.
     "runtime": (_task("return x + 1.0"), {"min_runtime_ms": 1.0, "max_runtime_ms": 100.0}),
+    # Never returns: stopped by the per-task deadline.
+    "runs_eager:hangs": (_task("while True:\n    x = x + 1.0\nreturn x"), {"timeout_s": 0.5}),
     # Computes something else once compiled (is_compiling() is True while Dynamo traces).
     "runs_compiled": (
         _task("return x + float(torch.compiler.is_compiling())"),

@@ -7,18 +7,21 @@ LLM composer is confined like agent code:
     python data_filter.py SETTINGS.json TASK.py      -> one JSON line: [{"filter", "passed", "detail"}...]
 
 Settings (FilterConfig's fields): device, seed, min_runtime_ms, max_runtime_ms, runtime_repeats,
-compile_backend, compile_rtol, compile_atol. Filters run in EXECUTION_FILTERS order and stop at the first
-failure.
+compile_backend, compile_rtol, compile_atol, timeout_s. Filters run in EXECUTION_FILTERS order and stop
+at the first failure.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import sys
+import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +165,34 @@ FILTERS: dict[str, Callable[[_Run], Verdict]] = {
 }
 
 
+@contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise TimeoutError in this thread after `seconds` (SIGALRM; main thread only, else no limit).
+    A timer already set (pytest-timeout's) is put back with what was left of it."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise TimeoutError(f"the task's filters ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    started = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001))
+
+
 def run_filters(code: str, settings: dict[str, Any], enabled: Sequence[str]) -> list[Verdict]:
     """Verdicts of the enabled execution filters, in order, up to and including the first failure.
-    runs_eager always runs when any of them is enabled: the others read what it leaves behind."""
+    runs_eager always runs when any of them is enabled: the others read what it leaves behind. A task
+    that runs past settings["timeout_s"] fails the filter it was in (Python-level code is interrupted;
+    a single long native op finishes first)."""
     wanted = [name for name in EXECUTION_FILTERS if name in enabled]
     if not wanted:
         return []
@@ -172,14 +200,15 @@ def run_filters(code: str, settings: dict[str, Any], enabled: Sequence[str]) -> 
         wanted.insert(0, "runs_eager")
     run = _Run(code, settings)
     verdicts: list[Verdict] = []
-    for name in wanted:
-        try:
-            verdict = FILTERS[name](run)
-        except Exception as exc:  # a task that breaks a check (odd output types) fails that check
-            verdict = _verdict(name, False, f"{type(exc).__name__}: {exc}")
-        verdicts.append(verdict)
-        if not verdict["passed"]:
-            break
+    with _deadline(float(settings.get("timeout_s", 0))):
+        for name in wanted:
+            try:
+                verdict = FILTERS[name](run)
+            except Exception as exc:  # a task that breaks a check (odd output types, time) fails it
+                verdict = _verdict(name, False, f"{type(exc).__name__}: {exc}")
+            verdicts.append(verdict)
+            if not verdict["passed"]:
+                break
     return verdicts
 
 

@@ -120,6 +120,7 @@ class FilterConfig(BaseModel):
     compile_rtol: float = Field(default=1e-3, gt=0)
     compile_atol: float = Field(default=1e-3, gt=0)
     similarity_threshold: float = Field(default=0.9, gt=0, le=1)
+    timeout_s: float = Field(default=300.0, ge=0, description="per task, all execution filters; 0: none")
     seed: int = 0
 
     @model_validator(mode="after")
