@@ -303,8 +303,11 @@ def _pairwise(name: str, shape: Shape, rng: random.Random, sizes: Sizes) -> Plan
 
 
 def _loss(name: str, shape: Shape, rng: random.Random, sizes: Sizes) -> Plan:
-    kwargs: dict[str, Any] = {"reduction": "batchmean"} if name in ("KLDivLoss", "kl_div") else {}
-    return Plan(kwargs, (), operand=shape, terminal=True)
+    if name in ("KLDivLoss", "kl_div"):
+        # KL divergence is defined between log-probabilities and probabilities: anything else is NaN.
+        template = "{op}({x}.log_softmax(-1), {y}.softmax(-1){kw})"
+        return Plan({"reduction": "batchmean"}, (), operand=shape, template=template, terminal=True)
+    return Plan({}, (), operand=shape, terminal=True)
 
 
 def _attention(name: str, shape: Shape, rng: random.Random, sizes: Sizes) -> Plan | None:

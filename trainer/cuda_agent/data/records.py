@@ -92,7 +92,8 @@ class Summary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     candidates: int
-    accepted: int
+    passed: int = Field(description="candidates that passed every filter")
+    accepted: int = Field(description="samples in the dataset: the first n that passed")
     ops_share: dict[str, float] = Field(
         description="'1'..'5' -> share of accepted samples with that many ops"
     )

@@ -97,6 +97,7 @@ def summarize(candidates: list[Sample], accepted: list[Sample], config: SynthCon
     rejections = Counter(s.rejected_by for s in candidates if s.rejected_by is not None)
     return Summary(
         candidates=len(candidates),
+        passed=sum(1 for s in candidates if s.accepted),
         accepted=len(accepted),
         ops_share={str(k): counts.get(k, 0) / total for k in range(1, 6)},
         rejections={name: rejections.get(name, 0) for name in config.filters.enabled},
