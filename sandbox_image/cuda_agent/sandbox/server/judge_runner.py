@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.trace import Span
 from pydantic import ValidationError
 
@@ -140,7 +141,11 @@ class JudgeService:
     ) -> JudgeRun:
         """One judge run, traced as a `judge_run` span with the judge's build / verify / profile phases
         as children (the judge process itself exports nothing: candidate code runs inside it)."""
-        parent = self.tool_call_contexts.get(slot.index)
+        # A request for this run (/judge, /evaluate) is the current, live span. A run over the session's
+        # judge channel finds only the long-ended span of the request that created the session: it goes
+        # under the tool call running the agent's command instead.
+        live = trace.get_current_span().is_recording()
+        parent = None if live else self.tool_call_contexts.get(slot.index)
         token = otel_context.attach(parent) if parent is not None else None
         try:
             with span(Stage.JUDGE_RUN, stage=stage, device=device, gpu=gpu, slot=slot.index) as current:
