@@ -170,6 +170,7 @@ def test_resource_and_exporters_follow_the_environment(tmp_path: Path) -> None:
         "CUDA_AGENT_RUN_NAMESPACE": "team-a",
         "CUDA_AGENT_POOL_NAME": "h200-pool",
         "HOSTNAME": "trainer-xyz",
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
         "CUDA_AGENT_METRICS_PORT": "9464",
     }
     config = TelemetryConfig.from_env(env, service_name="cuda-agent-trainer")
@@ -188,6 +189,9 @@ def test_resource_and_exporters_follow_the_environment(tmp_path: Path) -> None:
     assert pod.resource_attributes["k8s.pod.name"] == "pool-0"
     assert pod.resource_attributes["k8s.namespace.name"] == "gpu"
     assert pod.service_name == "mine"
+    # Outside a pod HOSTNAME names a machine, not a pod.
+    laptop = TelemetryConfig.from_env({"HOSTNAME": "laptop"})
+    assert "k8s.pod.name" not in laptop.resource_attributes
 
     with pytest.raises(ValueError, match="environment variable CUDA_AGENT_METRICS_PORT='http'"):
         TelemetryConfig.from_env({"CUDA_AGENT_METRICS_PORT": "http"})

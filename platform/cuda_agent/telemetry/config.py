@@ -26,7 +26,7 @@ ENV_NAMES: dict[str, str] = {
 
 # Where a process is, as resource attributes: the run and pool it serves and the pod it runs in. The
 # operator sets the CUDA_AGENT_* names (run contract) and the pod's downward API sets POD_NAME/POD_NAMESPACE;
-# in a pod HOSTNAME is the pod's name too. The first variable set wins.
+# in a pod (KUBERNETES_SERVICE_HOST set) HOSTNAME is the pod's name too. The first variable set wins.
 RESOURCE_ENV: dict[str, tuple[str, ...]] = {
     "cuda_agent.run": ("CUDA_AGENT_RUN_NAME",),
     "cuda_agent.pool": ("CUDA_AGENT_POOL_NAME",),
@@ -85,8 +85,10 @@ class TelemetryConfig(BaseModel):
             if value:
                 values[field] = _CASE_FOLD.get(field, str)(value)
         resource = {}
+        in_pod = bool(env.get("KUBERNETES_SERVICE_HOST"))
         for attribute, names in RESOURCE_ENV.items():
-            found = next((env[n].strip() for n in names if env.get(n, "").strip()), None)
+            usable = [n for n in names if in_pod or n != "HOSTNAME"]  # elsewhere it names a machine
+            found = next((env[n].strip() for n in usable if env.get(n, "").strip()), None)
             if found:
                 resource[attribute] = found
         values["resource_attributes"] = resource
