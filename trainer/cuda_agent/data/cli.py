@@ -64,6 +64,15 @@ def _filter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--similarity", type=float, default=0.9, help="decontamination threshold")
 
 
+def _check_device(args: argparse.Namespace) -> None:
+    """Filters run here (no --ray, no --sandbox): a missing GPU would reject every candidate one by one."""
+    if args.device == "cuda" and not args.ray and not args.sandbox:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda, but torch sees no CUDA device here (use --ray or --sandbox)")
+
+
 def _filter_config(args: argparse.Namespace) -> FilterConfig:
     overrides: dict[str, Any] = {
         "compile_backend": args.compile_backend,
@@ -185,6 +194,8 @@ def _refilter(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command != "catalogue":
+            _check_device(args)
         if args.command == "synth":
             return _synth(args)
         if args.command == "catalogue":
