@@ -21,6 +21,7 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 from otlp_collector import OtlpCollector, ReceivedSpan, running_collector
 from prometheus_client import REGISTRY
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "agent"))
@@ -250,3 +251,13 @@ def test_server_metrics_parse_and_count_the_episode(
     assert sample(p + "judge_runs_in_flight", p + "judge_runs_in_flight") == 0
     assert sample(p + "active_sessions", p + "active_sessions") == 0
     assert sample(p + "judge_intact", p + "judge_intact") == 1
+
+    # A Prometheus that asks for OpenMetrics gets it, and it parses as OpenMetrics.
+    request = urllib.request.Request(
+        traced_server.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+        openmetrics = {f.name: f for f in openmetrics_families(response.read().decode())}  # type: ignore[no-untyped-call]
+    calls = [s for s in openmetrics[p + "tool_calls"].samples if s.name == p + "tool_calls_total"]
+    assert {(s.labels["tool"], s.labels["outcome"], s.value) for s in calls} == {("bash", "ok", 2.0)}

@@ -359,7 +359,9 @@ def test_sandbox_metrics_render_through_prometheus_client() -> None:
     metrics.gauge("active_sessions", "sessions open now", lambda: [({}, 4)])
     metrics.gauge("gpu_lock_queue", "waiting", lambda: [({"gpu": "0"}, 1), ({"gpu": "1"}, 0)])
     metrics.counter_callback("gpu_lock_queued_seconds_total", "waited", lambda: [({"gpu": "0"}, 2.5)])
-    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    text, content_type = metrics.render()
+    assert content_type.startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
 
     p = "cuda_agent_sandbox_"
     calls = families[p + "tool_calls"]

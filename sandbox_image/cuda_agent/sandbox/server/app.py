@@ -22,7 +22,6 @@ from typing import Any
 from aiohttp import web
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, StatusCode
-from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
@@ -223,11 +222,11 @@ class SandboxServer:
     def _scrape(self) -> ServerStatus:
         return self._scraped if self._scraped is not None else self.status()
 
-    def render_metrics(self) -> bytes:
-        """/metrics: every family, the state-derived ones from one status snapshot."""
+    def render_metrics(self, accept: str = "") -> tuple[bytes, str]:
+        """/metrics and its content type: every family, the state-derived ones from one status snapshot."""
         self._scraped = self.status()
         try:
-            return self.metrics.render()
+            return self.metrics.render(accept)
         finally:
             self._scraped = None
 
@@ -241,8 +240,9 @@ class SandboxServer:
         return web.json_response(openapi_document(self.version))
 
     async def h_metrics(self, request: web.Request, body: None) -> web.StreamResponse:
-        exposition = await asyncio.to_thread(self.render_metrics)
-        return web.Response(body=exposition, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        accept = request.headers.get("Accept", "")
+        exposition, content_type = await asyncio.to_thread(self.render_metrics, accept)
+        return web.Response(body=exposition, headers={"Content-Type": content_type})
 
     async def h_status(self, request: web.Request, body: None) -> ServerStatus:
         return await asyncio.to_thread(self.status)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Literal
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 # Tool calls are milliseconds; judge runs and lock waits are seconds to minutes.
@@ -98,6 +99,8 @@ class Metrics:
         """A counter kept elsewhere (a GPU lock's wait total), read at scrape time."""
         self._callbacks.reads[name.removesuffix("_total")] = ("counter", help_text, read)
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every family."""
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """Every family in the format the scraper's Accept header asks for (OpenMetrics or the Prometheus
+        text format), and that format's content type."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
