@@ -158,3 +158,23 @@ def test_replay_policy_over_one_task(tmp_path: Path, judge_server: RunningServer
     records = [json.loads(line) for part in (out / "trajectories").glob("*.jsonl") for line in part.open()]
     assert [r["episode_id"] for r in records] == ["eval-tasks_relu_mul_add"]
     assert records[0]["verdict"]["violations"] == row.violations
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root-mode isolation needs uid 0")
+def test_solutions_through_the_sandbox_reward_service(tmp_path: Path, judge_server: RunningServer) -> None:
+    """`--sandbox URL`: /v1/evaluate judges each candidate; a task that itself fails is a task error."""
+    tasks, solutions = tmp_path / "tasks", tmp_path / "solutions"
+    tasks.mkdir()
+    (tasks / "relu_mul_add.py").write_text((TASKS / "relu_mul_add.py").read_text())
+    (tasks / "broken.py").write_text((TASKS / "relu_mul_add.py").read_text() + "\nraise RuntimeError('no')\n")
+    for name in ("relu_mul_add", "broken"):
+        (solutions / name).mkdir(parents=True)
+        (solutions / name / "model_new.py").write_text(INHERITS_MODEL.read_text())
+    out = tmp_path / "out"
+    args = ["--solutions", str(solutions), "--tasks", str(tasks), "--sandbox", judge_server.url]
+    assert cli.main([*args, "--out", str(out), *QUICK]) == 0
+    report, rows = _load(out)
+    assert rows["tasks/relu_mul_add"].violations[0].startswith("static.inherits-model")
+    assert rows["tasks/broken"].status == "task-error" and "422" in (rows["tasks/broken"].error or "")
+    assert report.task_errors and report.task_errors[0].startswith("tasks/broken: ")
+    assert report.overall.candidates == 2 and report.overall.judged == 1
