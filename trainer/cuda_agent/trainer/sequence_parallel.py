@@ -111,7 +111,8 @@ class SequenceParallel:
 
     def _slice(self, tensor: torch.Tensor) -> torch.Tensor:
         width = tensor.shape[1] // self.size
-        return tensor[:, self.rank * width : (self.rank + 1) * width]
+        # Contiguous: Ulysses all-gathers the position ids, and NCCL refuses strided tensors.
+        return tensor[:, self.rank * width : (self.rank + 1) * width].contiguous()
 
     def inputs(self, batch: MicroBatch) -> ModelInputs:
         """This rank's slice of the ids padded to a multiple of the group size. No attention mask:
