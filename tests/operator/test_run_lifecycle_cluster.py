@@ -26,7 +26,7 @@ from cuda_agent.localhost import free_port
 
 def big_run(name: str, **run_policy: int) -> dict[str, Any]:
     """A run of ten 8-GPU Ray workers (80 GPUs): two of them do not fit on 128 GPUs at once."""
-    manifest = run_manifest(name=name)
+    manifest: dict[str, Any] = run_manifest(name=name)
     manifest["spec"]["resources"] = {"trainerGpus": 40, "rolloutGpus": 40}
     manifest["spec"]["runPolicy"] = run_policy
     return manifest
