@@ -109,6 +109,9 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
     failed = condition(namespace, "first", "Failed")
     assert failed["reason"] == "OOMKilled" and "exit 137" in failed["message"]
     assert "backoffLimit=1" in failed["message"] and "log" in failed["message"]
+    # Killed again right after the end was written: the new operator finds the run ended, not new.
+    operator.kill()
+    operator.start()
     wait_for(lambda: not run_pods(namespace, "first"), "the first run's compute to go")
 
     # Its GPUs free, the second run starts by itself; its deadline then ends it.
