@@ -177,6 +177,34 @@ class Bench:
         self.cold_candidate_p50: float | None = None
         self.breakdowns: list[tuple[str, float, dict[str, float]]] = []
         self.zygote = ZygoteRunner(self.env, self.out) if args.via == "zygote" else None
+        self.service = self.start_service() if args.via == "service" else None
+
+    def start_service(self) -> subprocess.Popen[str]:
+        """`cuda-agent judge-service` on a socket of this run; every CLI judge below is told to use it."""
+        socket_path = self.work / "service" / "judge.sock"
+        service = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                JUDGE_ENTRY.replace("'judge'", "'judge-service'"),
+                "--socket",
+                str(socket_path),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+        )
+        assert service.stdout is not None
+        started = time.monotonic()
+        for line in service.stdout:
+            if line.startswith("export "):
+                break
+        else:
+            raise SystemExit("judge_bench: the judge service did not start")
+        print(f"judge service ready in {time.monotonic() - started:.1f} s (once per machine)", flush=True)
+        self.env["CUDA_AGENT_JUDGE_SERVICE"] = str(socket_path)
+        return service
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
@@ -608,9 +636,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="full", help="task scale (examples/tasks/README.md)")
     parser.add_argument(
         "--via",
-        choices=("exec", "zygote"),
+        choices=("exec", "zygote", "service"),
         default="exec",
-        help="a fresh judge process per evaluation, or judges forked from one zygote (the server's way)",
+        help="a fresh judge process per evaluation; judges forked from one zygote (the server's way); or the "
+        "CLI handing each evaluation to `cuda-agent judge-service` (CUDA_AGENT_JUDGE_SERVICE)",
     )
     args = parser.parse_args(argv)
     if args.via == "zygote":
@@ -644,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if bench.zygote is not None:
             bench.zygote.close()
+        if bench.service is not None:
+            bench.service.terminate()
+            bench.service.wait(timeout=60)
         shutil.rmtree(bench.work, ignore_errors=True)
     if bench.over_budget():
         print(f"note: the {args.budget:.0f} s budget ran out; later sections ran fewer times or not at all")

@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("cuda_agent.demo:main", "run the main job on embedded defaults (local control plane, no GPU)"),
     "operator": ("cuda_agent.operator.cli:main", "run the SandboxPool / TrainingRun operator (Kopf)"),
     "judge": ("cuda_agent.sandbox.judge.cli:main", "judge a candidate kernel against a task"),
+    "judge-service": (
+        "cuda_agent.sandbox.server.judge_service:main",
+        "keep a warm judge for `cuda-agent judge` (CUDA_AGENT_JUDGE_SERVICE)",
+    ),
     "sandbox": ("cuda_agent.sandbox.server.cli:main", "sandbox server: sessions, agent tools, rewards"),
     "train": ("cuda_agent.trainer.cli:main", "train a policy: cuda-agent train -f run.yaml (TrainingRun)"),
     "data": ("cuda_agent.data.cli:main", "synthesize Ops-6K-style tasks: data synth | catalogue | filter"),

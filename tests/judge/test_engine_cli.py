@@ -7,12 +7,19 @@ machine (the judge's shared build cache).
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import signal
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from cuda_agent.sandbox.judge import local_service
 
 TASK = """
 import torch
@@ -66,7 +73,9 @@ CONTRACT_KEYS = {
 }  # fmt: skip
 
 
-def judge(task: Path, candidate: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def judge(
+    task: Path, candidate: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable,
         "-m",
@@ -78,7 +87,7 @@ def judge(task: Path, candidate: Path, *extra: str) -> subprocess.CompletedProce
         "cpu",
         *extra,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=1500, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=1500, check=False, env=env)
 
 
 @pytest.fixture
@@ -148,3 +157,48 @@ def test_static_violations_stop_before_any_build(files: dict[str, Path], tmp_pat
     report = json.loads(proc.stdout)
     assert report["reward"] == -1 and report["compiled"] is False
     assert report["violations"] == ["static.thread: imports threading at model_new.py:1"]
+
+
+@pytest.mark.slow
+def test_the_cli_hands_its_evaluation_to_a_warm_judge_service(files: dict[str, Path], tmp_path: Path) -> None:
+    """`cuda-agent judge-service` forks judges from a zygote; the CLI uses it only when told to."""
+    socket_path = tmp_path / "service" / "judge.sock"
+    service = subprocess.Popen(
+        [sys.executable, "-m", "cuda_agent.cli", "judge-service", "--socket", str(socket_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert service.stdout is not None
+        lines = [service.stdout.readline() for _ in range(2)]
+        assert lines[1].strip() == f"export {local_service.SERVICE_ENV}={socket_path}", lines
+        assert stat.S_IMODE(socket_path.parent.stat().st_mode) == 0o700
+        env = {**os.environ, local_service.SERVICE_ENV: str(socket_path)}
+        proc = judge(files["task"], files["legit"].parent, *FAST, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "judged by the judge service" in proc.stderr
+        report = json.loads(proc.stdout)
+        assert report["reward"] in (1, 2, 3) and report["correct"] is True, report
+        # A request that could make the service's judge use a service again is declined.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(socket_path))
+            request = {"argv": ["t.py", "c.py"], "cwd": "/", "env": {}, "judge_digest": "x"}
+            client.sendall(json.dumps(request).encode() + b"\n")
+            reply = json.loads(client.makefile().readline())
+        assert reply["accepted"] is False and "--no-service" in reply["reason"]
+    finally:
+        service.send_signal(signal.SIGTERM)
+        service.wait(timeout=60)
+    assert not socket_path.exists()
+
+
+def test_without_an_answering_service_the_cli_judges_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    errors = io.StringIO()
+    monkeypatch.setenv(local_service.SERVICE_ENV, str(tmp_path / "nobody.sock"))
+    assert local_service.judge_via_service(["t.py", "c.py"], stderr=errors) is None
+    assert "no judge service answers" in errors.getvalue()
+    monkeypatch.delenv(local_service.SERVICE_ENV)
+    assert local_service.judge_via_service(["t.py", "c.py"], stderr=errors) is None

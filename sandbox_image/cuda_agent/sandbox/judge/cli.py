@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
         "(default $CUDA_AGENT_JUDGE_CACHE_MAX_MB; unset: unbounded)",
     )
     p.add_argument("--no-progress", action="store_true", help="no phase lines on stderr (human output only)")
+    p.add_argument(
+        "--no-service",
+        action="store_true",
+        help="judge in this process even when CUDA_AGENT_JUDGE_SERVICE names a warm judge service",
+    )
     return p
 
 
@@ -202,6 +207,13 @@ def _bound_cache(cache_dir: Path, max_mb: float, notes: list[str]) -> None:
 def main(argv: Sequence[str]) -> int:
     entered = time.monotonic()
     args = _parser().parse_args(list(argv))
+    if not args.no_service:
+        # A warm service skips this process's torch/inductor imports and worker start-up (opt-in).
+        from cuda_agent.sandbox.judge import local_service
+
+        code = local_service.judge_via_service([*argv, local_service.NO_SERVICE_FLAG])
+        if code is not None:
+            return code
     # Heavy imports (torch) only after the arguments are known to be valid. Any CUDA availability check
     # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
     # forked afterwards, and the orchestrator forks its workers.

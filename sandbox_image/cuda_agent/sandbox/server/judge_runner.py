@@ -224,6 +224,7 @@ class JudgeService:
                 "--device",
                 device,
                 "--json",
+                "--no-service",  # rewards never come from a service a session could stand up
                 *stage_flags(stage, options),
             ]
             scratch = str(job_dir / "scratch")
