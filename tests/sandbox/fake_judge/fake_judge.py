@@ -48,6 +48,7 @@ def main() -> int:
     parser.add_argument("candidate")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-service", action="store_true")  # the real CLI's flag; nothing to hand over
     for flag in (
         "--trials",
         "--precision",
