@@ -108,12 +108,15 @@ def test_refused_by_the_judge_but_accepted_by_allclose(
 
 @pytest.fixture(scope="module")
 def judge_server() -> Iterator[RunningServer]:
-    """A sandbox server running the real judge (exec'd per run: no zygote start-up to wait for)."""
+    """A sandbox server running the real judge, exec'd per run (no zygote start-up to wait for), with one
+    build cache for every run, so the torch headers are precompiled once for the module, not per session."""
     sandbox_helpers._next_uid_base[0] = 170_000 + 2000 * (os.getpid() % 16)
     command = [sys.executable, "-m", "cuda_agent.sandbox.judge.cli"]
     for _ in range(5):
         try:
-            running = sandbox_helpers.start_server(judge_dir=REAL_JUDGE_DIR, judge_command=command)
+            running = sandbox_helpers.start_server(
+                "--shared-judge-cache", "true", judge_dir=REAL_JUDGE_DIR, judge_command=command
+            )
             break
         except RuntimeError as exc:
             if "uses this uid range" not in str(exc):
@@ -162,7 +165,8 @@ def test_replay_policy_over_one_task(tmp_path: Path, judge_server: RunningServer
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root-mode isolation needs uid 0")
 def test_solutions_through_the_sandbox_reward_service(tmp_path: Path, judge_server: RunningServer) -> None:
-    """`--sandbox URL`: /v1/evaluate judges each candidate; a task that itself fails is a task error."""
+    """`--sandbox URL`: /v1/evaluate judges each candidate, a task that itself fails is a task error, and
+    the allclose comparison runs in a sandbox session (confined)."""
     tasks, solutions = tmp_path / "tasks", tmp_path / "solutions"
     tasks.mkdir()
     (tasks / "relu_mul_add.py").write_text((TASKS / "relu_mul_add.py").read_text())
@@ -172,9 +176,15 @@ def test_solutions_through_the_sandbox_reward_service(tmp_path: Path, judge_serv
         (solutions / name / "model_new.py").write_text(INHERITS_MODEL.read_text())
     out = tmp_path / "out"
     args = ["--solutions", str(solutions), "--tasks", str(tasks), "--sandbox", judge_server.url]
-    assert cli.main([*args, "--out", str(out), *QUICK]) == 0
+    assert cli.main([*args, "--out", str(out), "--compare-allclose", *QUICK]) == 0
     report, rows = _load(out)
-    assert rows["tasks/relu_mul_add"].violations[0].startswith("static.inherits-model")
+    refused = rows["tasks/relu_mul_add"]
+    assert refused.violations[0].startswith("static.inherits-model")
+    # The plain harness ran confined, as an agent command in a session of the same server.
+    assert refused.allclose is not None and refused.allclose.accepted and refused.allclose.confined
+    assert [f.key for f in report.refused_allclose_accepts] == [
+        "tasks/relu_mul_add"
+    ] and report.allclose_confined
     assert rows["tasks/broken"].status == "task-error" and "422" in (rows["tasks/broken"].error or "")
     assert report.task_errors and report.task_errors[0].startswith("tasks/broken: ")
     assert report.overall.candidates == 2 and report.overall.judged == 1

@@ -62,6 +62,8 @@ class AllcloseCheck(BaseModel):
     accepted: bool
     max_abs_err: float | None = None
     detail: str = ""
+    # True: run as an agent command in a sandbox session (--sandbox); False: unconfined on this machine.
+    confined: bool = False
 
 
 class TaskResult(BaseModel):
@@ -154,6 +156,9 @@ class EvalReport(BaseModel):
     overall: LevelSummary
     refused_allclose_accepts: list[Flagged] = Field(default_factory=list)
     allclose_checked: int = 0
+    allclose_confined: bool = Field(
+        default=False, description="every allclose check ran in a sandbox session"
+    )
     suspicious: list[Flagged] = Field(default_factory=list)
     suspicious_speedup: float
     evaluations: int = Field(description="rows evaluated by this invocation (not resumed)")

@@ -32,6 +32,7 @@ def build_report(
         overall=metrics.summarise("overall", rows, cfg.fast_p, cfg.margin),
         refused_allclose_accepts=metrics.refused_allclose_accepts(rows),
         allclose_checked=sum(1 for r in rows if r.allclose is not None),
+        allclose_confined=all(r.allclose.confined for r in rows if r.allclose is not None),
         suspicious=metrics.suspicious(rows, cfg.suspicious_speedup),
         suspicious_speedup=cfg.suspicious_speedup,
         evaluations=evaluated,
@@ -129,7 +130,14 @@ def to_markdown(report: EvalReport, rows: Sequence[TaskResult]) -> str:
     out += ["", "## Refused by our judge, accepted by a plain allclose harness", ""]
     if report.allclose_checked == 0:
         out.append("Not checked (run with `--compare-allclose`).")
-    elif not report.refused_allclose_accepts:
+    else:
+        where = (
+            "as agent commands in sandbox sessions"
+            if report.allclose_confined
+            else "UNCONFINED on this machine"
+        )
+        out.append(f"The harness ran {where}.\n")
+    if report.allclose_checked and not report.refused_allclose_accepts:
         out.append(f"None of the {report.allclose_checked} refused candidates checked.")
     else:
         out += ["| candidate | why our judge refused it | allclose max abs err |", "|---|---|---|"]

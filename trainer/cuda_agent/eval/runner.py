@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,7 @@ from typing import Any
 
 from cuda_agent.eval.allclose import MARKER
 from cuda_agent.eval.judging import Judge, LocalJudge, SandboxJudge, result_row, task_file
-from cuda_agent.eval.models import AllcloseCheck, EvalConfig, EvalReport, TaskResult
+from cuda_agent.eval.models import AllcloseCheck, Device, EvalConfig, EvalReport, TaskResult
 from cuda_agent.eval.report import build_report, plot, to_markdown
 from cuda_agent.eval.tasks import Candidate, Task, find_candidates, load_tasks
 
@@ -104,11 +105,21 @@ async def _fan_out(
         bar.close()
 
 
+def _verdict(output: str, exit_note: str) -> AllcloseCheck:
+    verdicts = [line for line in output.splitlines() if line.startswith(MARKER)]
+    if not verdicts:
+        return AllcloseCheck(accepted=False, detail=f"no verdict ({exit_note})")
+    return AllcloseCheck.model_validate_json(verdicts[-1].removeprefix(MARKER))
+
+
+_WORKSPACE = AllcloseCheck(accepted=False, detail="not checked: a workspace needs our judge's build")
+
+
 async def allclose_check(candidate: Candidate, device: str, workdir: Path) -> AllcloseCheck:
     """The plain harness (cuda_agent.eval.allclose) on a copy of the candidate, in a process of its own.
     UNCONFINED: candidate code runs with this user's rights (docs/eval.md)."""
     if candidate.is_workspace:
-        return AllcloseCheck(accepted=False, detail="not checked: a workspace needs our judge's build")
+        return _WORKSPACE
     scratch = Path(tempfile.mkdtemp(prefix="allclose-", dir=workdir))
     try:
         model_new = scratch / "model_new.py"
@@ -124,12 +135,39 @@ async def allclose_check(candidate: Candidate, device: str, workdir: Path) -> Al
             proc.kill()
             await proc.wait()
             return AllcloseCheck(accepted=False, detail="the harness timed out")
-        verdicts = [line for line in out.decode(errors="replace").splitlines() if line.startswith(MARKER)]
-        if not verdicts:
-            return AllcloseCheck(accepted=False, detail=f"no verdict (harness exit {proc.returncode})")
-        return AllcloseCheck.model_validate_json(verdicts[-1].removeprefix(MARKER))
+        return _verdict(out.decode(errors="replace"), f"harness exit {proc.returncode}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def sandbox_allclose_check(url: str, candidate: Candidate, device: Device) -> AllcloseCheck:
+    """The same harness as an agent command in a fresh sandbox session: the server's agent confinement
+    (its own uid, namespaces, seccomp, Landlock, no network), the session's python, model.py as the task."""
+    from cuda_agent.eval import allclose
+    from cuda_agent.sandbox.client import SandboxClient, SandboxError
+
+    if candidate.is_workspace:
+        return _WORKSPACE
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", candidate.task.name)[:128] or "task"
+    async with SandboxClient(url, timeout_s=_ALLCLOSE_TIMEOUT_S) as client:
+        try:
+            session = await client.create_session(candidate.task.source, device=device, name=name)
+        except SandboxError as exc:
+            return AllcloseCheck(accepted=False, detail=f"not checked: {exc}")
+        sid = session.session_id
+        try:
+            harness = Path(allclose.__file__).read_text()
+            await client.tool(sid, "write", {"file_path": "allclose_harness.py", "content": harness})
+            await client.tool(
+                sid, "write", {"file_path": "model_new.py", "content": candidate.model_new.read_text()}
+            )
+            command = f"python allclose_harness.py model.py model_new.py --device {device}"
+            result = await client.tool(sid, "bash", {"command": command, "timeout": 600_000})
+            return _verdict(result.output, "the harness printed none")
+        except SandboxError as exc:
+            return AllcloseCheck(accepted=False, detail=f"not checked: {exc}")
+        finally:
+            await client.delete_session(sid)
 
 
 async def judge_solutions(
@@ -173,7 +211,11 @@ async def judge_solutions(
         ]
 
         async def check(candidate: Candidate) -> None:
-            verdict = await allclose_check(candidate, cfg.device, cfg.out_dir)
+            if cfg.sandbox_url:
+                verdict = await sandbox_allclose_check(cfg.sandbox_url, candidate, cfg.device)
+            else:
+                verdict = await allclose_check(candidate, cfg.device, cfg.out_dir)
+            verdict.confined = bool(cfg.sandbox_url)
             log.append(log.rows[candidate.key].model_copy(update={"allclose": verdict}))
 
         await _fan_out(unchecked, min(cfg.jobs, 4), check, progress, "allclose")
@@ -185,8 +227,6 @@ async def run_policy(
     cfg: EvalConfig, tasks: list[Task], log: ResultLog, progress: bool, options: dict[str, Any]
 ) -> tuple[list[str], int, int | None]:
     """One agent-loop episode per pending task against the sandbox at `cfg.sandbox_url`."""
-    import re
-
     from cuda_agent.agent.config import AgentConfig
     from cuda_agent.agent.loop import AgentLoop
     from cuda_agent.agent.records import TrajectoryWriter
