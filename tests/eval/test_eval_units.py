@@ -246,3 +246,46 @@ def test_cli_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ["--solutions", str(tmp_path), "--tasks", "t", "--jobs", "0", "--out", str(tmp_path / "o")]
     )
     assert code == 2 and "invalid jobs" in capsys.readouterr().err
+
+
+def test_policy_backends_are_the_rollout_backends(tmp_path: Path) -> None:
+    """hf: loads a transformers model (a tiny random-init one saved here) behind TransformersBackend with
+    the tokenizer's chat template; openai-*: the HTTP backends, which need the served model's name."""
+    import asyncio
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from cuda_agent.eval.policy import PolicyBackends, load_codec
+    from cuda_agent.eval.tasks import Task
+    from cuda_agent.rollout.base import SamplingParams
+    from cuda_agent.rollout.hf import TransformersBackend
+    from cuda_agent.rollout.openai_http import OpenAIChatBackend, OpenAICompatibleBackend
+    from cuda_agent.rollout.replay import ReplayBackend
+
+    tiny = REPO / "examples" / "models" / "tiny-smollm2"
+    model_dir = tmp_path / "policy"
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny)).save_pretrained(model_dir)  # type: ignore[no-untyped-call]
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny / name, model_dir / name)
+    spec = PolicySpec.parse(f"hf:{model_dir}")
+    codec = load_codec(spec, ["bash", "write"])
+    assert [t["function"]["name"] for t in codec.tools] == ["Bash", "Write"]
+    backends = PolicyBackends(spec, codec, "cpu")
+    task = Task(level="tasks", name="relu", source=TASK)
+    backend = backends.for_task(task)
+    assert isinstance(backend, TransformersBackend)
+    generation = asyncio.run(backend.generate(codec.encode("hello"), SamplingParams(max_tokens=3, seed=0)))
+    assert 1 <= len(generation.token_ids) <= 3
+    backend.close()
+
+    script = _write(tmp_path / "replies.json", json.dumps({"relu": ["done"]}))
+    assert isinstance(
+        PolicyBackends(PolicySpec.parse(f"replay:{script}"), codec, "cpu").for_task(task), ReplayBackend
+    )
+    chat = PolicyBackends(PolicySpec.parse("openai-chat:http://127.0.0.1:9", model="m"), codec, "cpu")
+    assert isinstance(chat.for_task(task), OpenAIChatBackend)
+    text = PolicyBackends(PolicySpec.parse("openai-text:http://127.0.0.1:9", model="m"), codec, "cpu")
+    assert isinstance(text.shared, OpenAICompatibleBackend) and not text.shared.token_exact
+    with pytest.raises(ValueError, match="--model"):
+        PolicyBackends(PolicySpec.parse("openai:http://127.0.0.1:9"), codec, "cpu")

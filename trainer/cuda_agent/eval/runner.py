@@ -266,7 +266,9 @@ async def run_policy(
             name = re.sub(r"[^A-Za-z0-9_.-]", "_", task.name)[:128] or "task"
             episode_id = "eval-" + re.sub(r"[^A-Za-z0-9_.-]", "_", task.key)
             trajectory = await loop.run(TaskRef(source=task.source, name=name), sampling, episode_id)
-            log.append(episode_row(task, trajectory))
+            # The episode's verdict carries no device or precision: they are the ones this run asked for.
+            row = episode_row(task, trajectory)
+            log.append(row.model_copy(update={"device": cfg.device, "precision": cfg.judge.precision}))
 
         try:
             await _fan_out(pending, cfg.jobs, episode, progress, "episodes")
