@@ -246,6 +246,11 @@ def test_cli_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         ["--solutions", str(tmp_path), "--tasks", "t", "--jobs", "0", "--out", str(tmp_path / "o")]
     )
     assert code == 2 and "invalid jobs" in capsys.readouterr().err
+    out = str(tmp_path / "o")
+    code = cli.main(
+        ["--policy", "openai:http://127.0.0.1:9", "--tasks", str(REPO / "examples" / "tasks"), "--out", out]
+    )
+    assert code == 2 and "--tokenizer" in capsys.readouterr().err
 
 
 def test_policy_backends_are_the_rollout_backends(tmp_path: Path) -> None:

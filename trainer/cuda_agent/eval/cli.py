@@ -132,6 +132,10 @@ def main(argv: Sequence[str]) -> int:
     from cuda_agent.eval import runner
 
     try:
+        if cfg.policy is not None:  # a bad spec fails here, before any sandbox server is started
+            from cuda_agent.eval.policy import PolicySpec
+
+            _ = PolicySpec.parse(cfg.policy, **options["spec"]).tokenizer_dir
         report = runner.run(cfg, progress=not args.no_progress, policy_options=options)
     except (FileNotFoundError, ValueError) as exc:
         print(f"cuda-agent eval: {exc}", file=sys.stderr)
