@@ -234,3 +234,11 @@ def test_operator_image_run_line_installs_and_starts_without_torch(tmp_path: Pat
     ).stdout.lower()
     heavy = [line for line in installed.splitlines() if re.match(r"(torch|ray|deepspeed|vllm|numpy)==", line)]
     assert not heavy, heavy
+
+
+@pytest.mark.parametrize("example", ["sandboxpool.yaml", "sandboxpool-hardened.yaml"])
+def test_cluster_examples_name_the_charts_sandbox_image(example: str) -> None:
+    # The README's quick start applies these after `helm install`: they must pull the image it names.
+    pool = yaml.safe_load((REPO / "examples" / example).read_text())
+    sandbox = VALUES["images"]["sandbox"]
+    assert pool["spec"]["image"] == f"{sandbox['repository']}:{sandbox['tag']}"
