@@ -4,6 +4,7 @@ SandboxPool specs), each checked against that code's own parser or file rather t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -127,6 +128,7 @@ def test_seccomp_installer_script_writes_the_profile_and_stops_on_sigterm(helm: 
         env={"PATH": os.environ["PATH"], "PROFILE_SOURCE": str(source), "PROFILE_DIR": str(target_dir)},
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: whatever it started goes with it below
     )
     try:
         assert proc.stdout is not None
@@ -142,8 +144,8 @@ def test_seccomp_installer_script_writes_the_profile_and_stops_on_sigterm(helm: 
         assert wait_for(lambda: proc.poll() is not None, "the installer to exit on SIGTERM", timeout=10)
         assert proc.returncode == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
