@@ -28,7 +28,7 @@ VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 # A version tag: digits somewhere (3.11.11-slim-bookworm, 13.0.1-devel-ubuntu24.04), never `latest`.
 VERSION_TAG = re.compile(r"^[^:@]+:(?!latest$)[A-Za-z0-9_.-]*[0-9][A-Za-z0-9_.-]*(@sha256:[0-9a-f]{64})?$")
 OPERATOR_UID = 65532  # charts/cuda-agent/templates/operator-deployment.yaml runAsUser
-INSTALL_TESTS = "CUDA_AGENT_IMAGE_INSTALL_TESTS"
+SKIP_INSTALL_TESTS = "CUDA_AGENT_SKIP_IMAGE_INSTALL_TESTS"
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,8 @@ def _wheel_cache() -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    os.environ.get(INSTALL_TESTS) != "1",
-    reason=f"set {INSTALL_TESTS}=1: installs the operator image's packages into a fresh virtualenv "
+    os.environ.get(SKIP_INSTALL_TESTS) == "1",
+    reason=f"{SKIP_INSTALL_TESTS}=1: skips installing the operator image's packages into a fresh virtualenv "
     "(~15 s from the wheel cache, ~40 s and PyPI the first time); docs/install.md",
 )
 def test_operator_image_run_line_installs_and_starts_without_torch(tmp_path: Path) -> None:
