@@ -14,15 +14,7 @@ from cuda_agent.data.decontam import BenchmarkIndex
 from cuda_agent.data.filters import evaluate
 from cuda_agent.data.records import FILTER_ORDER, FilterConfig, FilterName, Sample
 
-STATIC_AND_EAGER: tuple[FilterName, ...] = (
-    "composed",
-    "decontamination",
-    "no_stochastic_ops",
-    "runs_eager",
-    "deterministic",
-    "nontrivial_output",
-    "runtime",
-)
+STATIC_AND_EAGER: tuple[FilterName, ...] = tuple(f for f in FILTER_ORDER if f != "runs_compiled")
 
 
 def _task(forward: str, init: str = "", inputs: str = "torch.randn(8, 64)") -> Sample:

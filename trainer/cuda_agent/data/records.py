@@ -7,13 +7,15 @@ ours (id, verdicts, accepted) and is written next to them.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OpKind = Literal["module", "functional", "tensor"]
 OpStatus = Literal["runnable", "failed", "unsupported", "excluded"]
 Device = Literal["cpu", "cuda"]
+# In the order the filters run: cheap static checks first, torch.compile last (a sample stops at its
+# first failing filter).
 FilterName = Literal[
     "composed",
     "decontamination",
@@ -24,17 +26,7 @@ FilterName = Literal[
     "runtime",
     "runs_compiled",
 ]
-# Cheap static checks first, torch.compile last: a sample stops at its first failing filter.
-FILTER_ORDER: tuple[FilterName, ...] = (
-    "composed",
-    "decontamination",
-    "no_stochastic_ops",
-    "runs_eager",
-    "deterministic",
-    "nontrivial_output",
-    "runtime",
-    "runs_compiled",
-)
+FILTER_ORDER: tuple[FilterName, ...] = get_args(FilterName)
 
 
 class CatalogueEntry(BaseModel):
