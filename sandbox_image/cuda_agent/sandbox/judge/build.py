@@ -896,6 +896,19 @@ constexpr auto kFloat64 = at::kDouble;
 """
 
 
+def write_source(path: Path, text: str) -> None:
+    """Write a collected source unless it already holds text; atomically (a scratch file renamed into
+    place), since judges building the same candidate at once share src/<digest>/ and a compiler of one
+    must never read a half-written file of another (a correct candidate would fail its build)."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            return
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(scratch, path)
+
+
 def lighter_cuda_sources(code: str) -> list[tuple[str, str]]:
     """(what, source) rewrites of a CUDA unit with fewer torch headers, lightest first: without torch
     headers when the source names nothing of torch's, then with the judge's light header. Every rewrite
@@ -917,11 +930,9 @@ def write_lighter_cuda_sources(path: Path, code: str) -> list[tuple[str, Path]]:
     for index, (what, text) in enumerate(lighter_cuda_sources(code)):
         if LIGHT_HEADER in text:
             header = path.parent / LIGHT_HEADER
-            if not header.exists() or header.read_text() != LIGHT_HEADER_TEXT:
-                header.write_text(LIGHT_HEADER_TEXT)
+            write_source(header, LIGHT_HEADER_TEXT)
         target = path.with_name(f"{path.stem}.light{index}{path.suffix}")
-        if not target.exists() or target.read_text() != text:
-            target.write_text(text)
+        write_source(target, text)
         written.append((what, target))
     return written
 
@@ -961,8 +972,7 @@ def build_specs(
         units: list[Unit] = []
         for unit in spec["units"]:
             path = scratch / Path(unit["file"]).name
-            if not path.exists() or path.read_text() != unit["code"]:
-                path.write_text(unit["code"])
+            write_source(path, unit["code"])
             if unit["lang"] == "cuda":
                 flags = [f"-DTORCH_EXTENSION_NAME={spec['name']}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
                 for inc in toolchain.torch_includes:
