@@ -60,3 +60,13 @@ def test_an_unknown_executor_is_refused(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         parse_args(["--executor", "kubelet"])
     assert "--executor" in capsys.readouterr().err
+
+
+def test_collector_labels_are_parsed_and_a_malformed_one_names_its_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = parse_args(["--otel-collector-label", "app=otel", "--otel-collector-label", "tier=obs"])
+    assert config.otel_collector_labels == (("app", "otel"), ("tier", "obs"))
+    with pytest.raises(SystemExit):
+        parse_args(["--otel-collector-label", "app"])
+    assert "--otel-collector-label 'app': expected KEY=VALUE" in capsys.readouterr().err

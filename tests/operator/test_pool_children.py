@@ -15,6 +15,7 @@ from cuda_agent.operator.pool_children import (
     network_policy,
     server_config,
     statefulset,
+    trace_export,
 )
 from cuda_agent.sandbox.api import SANDBOX_PORT
 
@@ -133,6 +134,35 @@ def test_network_policy_denies_egress_and_admits_only_trainers_and_operator() ->
     sources = policy["ingress"][0]["from"]
     assert {"podSelector": {"matchLabels": {lb.SANDBOX_CLIENT_LABEL: "pool"}}} in sources
     assert len(policy["ingress"]) == 1 and len(sources) == 2
+
+
+COLLECTOR = (("app.kubernetes.io/name", "cuda-agent-otel-collector"),)
+
+
+def test_trace_export_is_opt_in_and_needs_the_operators_endpoint_and_collector() -> None:
+    asking = spec(telemetry={"exportTraces": True})
+    assert trace_export(spec(), "http://collector.obs:4318", COLLECTOR) is None
+    assert trace_export(asking, None, COLLECTOR) is None
+    assert trace_export(asking, "http://collector.obs:4318", ()) is None  # no pods to open egress to
+    assert "env" not in pod_spec(asking)["containers"][0]
+
+
+def test_a_pool_exporting_traces_reaches_its_collector_and_dns_only() -> None:
+    export = trace_export(spec(telemetry={"exportTraces": True}), "http://collector.obs:4318", COLLECTOR)
+    assert export is not None
+    egress = network_policy(POOL, export)["spec"]["egress"]
+    assert egress[0] == {
+        "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(COLLECTOR)}}],
+        "ports": [{"protocol": "TCP", "port": 4318}],
+    }
+    assert [p["port"] for p in egress[1]["ports"]] == [53, 53]
+    assert egress[1]["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert len(egress) == 2  # nothing else: no ipBlock, no other port
+    container = statefulset(POOL, spec(), 1, [], "abc", export)["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://collector.obs:4318"
+    assert env["CUDA_AGENT_POOL_NAME"] == "pool"
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 @pytest.mark.parametrize("replicas", [1, 2])

@@ -216,6 +216,18 @@ class LimitsSpec(ApiModel):
     ] = Field(default="10Gi", description="Size limit of a session's workspace directory (64Mi to 1Ti).")
 
 
+class TelemetrySpec(ApiModel):
+    """What the sandbox pods send out. Nothing by default: the pods have no egress at all."""
+
+    export_traces: bool = Field(
+        default=False,
+        description="Export the sandbox server's spans (requests, judge runs with build/verify/profile) to "
+        "the operator's OTLP collector, so a trace follows an episode into the pod. Opens egress to the "
+        "collector's pods on its port and to cluster DNS only; needs the operator's --otel-endpoint and "
+        "--otel-collector-label.",
+    )
+
+
 class SandboxPoolSpec(ApiModel):
     """Desired state of a SandboxPool."""
 
@@ -248,6 +260,7 @@ class SandboxPoolSpec(ApiModel):
     )
     security: SecuritySpec = section(SecuritySpec, "Seccomp profile and runtime class.")
     limits: LimitsSpec = section(LimitsSpec, "Per-session time, memory, process and disk limits.")
+    telemetry: TelemetrySpec = section(TelemetrySpec, "Trace export (off: no egress at all).")
 
 
 class SandboxPoolStatus(ApiModel):

@@ -15,6 +15,17 @@ from pydantic import ValidationError
 from cuda_agent.operator.config import OperatorConfig
 
 
+def _pairs(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> tuple[tuple[str, str], ...]:
+    """KEY=VALUE flags (repeatable) as pairs; a malformed one is a usage error naming the flag."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"{flag} {item!r}: expected KEY=VALUE")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
 def parse_args(argv: Sequence[str]) -> OperatorConfig:
     parser = argparse.ArgumentParser(prog="cuda-agent operator", description=__doc__)
     scope = parser.add_mutually_exclusive_group()
@@ -48,7 +59,15 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         metavar="KEY=VALUE",
         help="on Ray/driver pods",
     )
-    parser.add_argument("--otel-endpoint", help="OTLP endpoint given to trainer pods")
+    parser.add_argument("--otel-endpoint", help="OTLP endpoint given to trainer pods (and tracing pools)")
+    parser.add_argument(
+        "--otel-collector-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a pod label of the OTLP collector (repeatable): pools with spec.telemetry.exportTraces may "
+        "reach those pods",
+    )
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
         "--gang-scheduler-name", help="schedulerName of Ray pods under scheduler-plugins' coscheduling"
@@ -88,13 +107,10 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         "metrics_port": args.metrics_port,
         "executor": args.executor,
     }
-    annotations = []
-    for item in args.trainer_pod_annotation:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--trainer-pod-annotation {item!r}: expected KEY=VALUE")
-        annotations.append((key, value))
-    values["trainer_pod_annotations"] = tuple(annotations)
+    values["trainer_pod_annotations"] = _pairs(
+        parser, "--trainer-pod-annotation", args.trainer_pod_annotation
+    )
+    values["otel_collector_labels"] = _pairs(parser, "--otel-collector-label", args.otel_collector_label)
     if args.probe_network:
         values["probe_networks"] = tuple(args.probe_network)
     for option in (

@@ -63,7 +63,14 @@ class OperatorConfig(BaseModel):
         default=(), description="Annotations put on every Ray and driver pod (service mesh, cost tags, ...)."
     )
     otel_endpoint: str | None = Field(
-        default=None, description="OTLP endpoint passed to trainer pods (OTEL_EXPORTER_OTLP_ENDPOINT)."
+        default=None,
+        description="OTLP endpoint passed to trainer pods (OTEL_EXPORTER_OTLP_ENDPOINT), and to sandbox "
+        "pods of pools with spec.telemetry.exportTraces.",
+    )
+    otel_collector_labels: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="Pod labels of the OTLP collector: a pool exporting traces may reach those pods (on "
+        "the endpoint's port, any namespace) and cluster DNS, nothing else.",
     )
     executor: Literal["cluster", "local"] = Field(
         default="cluster",

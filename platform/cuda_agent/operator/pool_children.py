@@ -13,6 +13,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -120,9 +121,53 @@ def headless_service(pool: PoolIdentity) -> Manifest:
     )
 
 
-def network_policy(pool: PoolIdentity) -> Manifest:
-    """Default deny: no egress at all (agent code must not reach anything), ingress only on the server
-    port from the trainer pods of runs that use this pool and from the operator (which reads load)."""
+@dataclass(frozen=True)
+class TraceExport:
+    """Where a pool exporting traces sends them: the OTLP endpoint and its collector's pod labels."""
+
+    endpoint: str
+    collector_labels: tuple[tuple[str, str], ...]
+
+    @property
+    def port(self) -> int:
+        parsed = urlsplit(self.endpoint)
+        return parsed.port or (443 if parsed.scheme == "https" else 4318)
+
+
+def trace_export(
+    spec: SandboxPoolSpec, endpoint: str | None, collector_labels: tuple[tuple[str, str], ...]
+) -> TraceExport | None:
+    """The pool's trace export, or None: it takes the pool asking for it and an operator that knows both
+    the endpoint and the collector's pods (egress is opened to those pods, never to a whole network)."""
+    if not spec.telemetry.export_traces or not endpoint or not collector_labels:
+        return None
+    return TraceExport(endpoint, collector_labels)
+
+
+def _trace_egress(export: TraceExport) -> list[dict[str, Any]]:
+    """To the collector's pods on the endpoint's port, and to cluster DNS to find them by name."""
+    dns_ports = [{"protocol": protocol, "port": 53} for protocol in ("UDP", "TCP")]
+    return [
+        {
+            "to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(export.collector_labels)}}],
+            "ports": [{"protocol": "TCP", "port": export.port}],
+        },
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": dns_ports,
+        },
+    ]
+
+
+def network_policy(pool: PoolIdentity, export: TraceExport | None = None) -> Manifest:
+    """Default deny: no egress (agent code must not reach anything; a pool exporting traces reaches its
+    collector and DNS only), ingress only on the server port from the trainer pods of runs that use this
+    pool and from the operator (which reads load)."""
     return with_hash(
         {
             "apiVersion": "networking.k8s.io/v1",
@@ -143,7 +188,7 @@ def network_policy(pool: PoolIdentity) -> Manifest:
                         "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}],
                     }
                 ],
-                "egress": [],
+                "egress": _trace_egress(export) if export is not None else [],
             },
         }
     )
@@ -190,6 +235,17 @@ def _volumes(pool: PoolIdentity, spec: SandboxPoolSpec, judge_paths: list[str]) 
     ]
 
 
+def _trace_env(pool: PoolIdentity, export: TraceExport) -> list[dict[str, Any]]:
+    """The OpenTelemetry variables the server's telemetry setup reads (cuda_agent.telemetry.config)."""
+    field = {"metadata.name": "POD_NAME", "metadata.namespace": "POD_NAMESPACE"}
+    return [
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": export.endpoint},
+        {"name": "OTEL_SERVICE_NAME", "value": "cuda-agent-sandbox"},
+        {"name": "CUDA_AGENT_POOL_NAME", "value": pool.name},
+        *({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for path, name in field.items()),
+    ]
+
+
 def _container(spec: SandboxPoolSpec) -> dict[str, Any]:
     readiness = {"httpGet": {"path": "/v1/status", "port": "http"}, "timeoutSeconds": 2}
     liveness = {"httpGet": {"path": "/healthz", "port": "http"}, "timeoutSeconds": 2}
@@ -221,7 +277,12 @@ def _container(spec: SandboxPoolSpec) -> dict[str, Any]:
 
 
 def statefulset(
-    pool: PoolIdentity, spec: SandboxPoolSpec, replicas: int, judge_paths: list[str], judge_hash: str
+    pool: PoolIdentity,
+    spec: SandboxPoolSpec,
+    replicas: int,
+    judge_paths: list[str],
+    judge_hash: str,
+    export: TraceExport | None = None,
 ) -> Manifest:
     """The sandbox pods. `replicas` is what the drain plan allows now, not always spec.replicas."""
     selector = lb.pool_selector(pool.name)
@@ -242,6 +303,8 @@ def statefulset(
         "containers": [_container(spec)],
         "volumes": _volumes(pool, spec, judge_paths),
     }
+    if export is not None:
+        pod_spec["containers"][0]["env"] = _trace_env(pool, export)
     if spec.gpu.count > 0:
         pod_spec["tolerations"] = [
             {"key": spec.gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}

@@ -34,6 +34,7 @@ from cuda_agent.operator.pool_children import (
     judge_configmap,
     network_policy,
     statefulset,
+    trace_export,
 )
 from cuda_agent.operator.views import PodView
 from cuda_agent.sandbox.api import SANDBOX_PORT
@@ -310,6 +311,19 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
                 PoolCondition.DEGRADED, True, "JudgeFilesMissing", "no judge files in this operator install"
             )
         )
+    config = context.config
+    export = trace_export(spec, config.otel_endpoint, config.otel_collector_labels)
+    if spec.telemetry.export_traces and export is None:
+        warnings.append(
+            Condition(
+                PoolCondition.DEGRADED,
+                True,
+                "TracesNotExported",
+                "spec.telemetry.exportTraces is set, but the operator runs without --otel-endpoint and "
+                "--otel-collector-label (the chart sets both with telemetry.collector.enabled): the pods "
+                "keep no egress and export nothing",
+            )
+        )
     if sum(len(v) for v in configmap["data"].values()) > CONFIGMAP_LIMIT:  # the apiserver's limit
         problems.append(
             Condition(
@@ -317,7 +331,7 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
             )
         )
     _, errors = await apply_changed(
-        context, [configmap, headless_service(pool), network_policy(pool)], children
+        context, [configmap, headless_service(pool), network_policy(pool, export)], children
     )
 
     # 2. Observe the pods (from the watch index) and, when it matters, their load.
@@ -340,7 +354,7 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
     by_name = {load.pod: load for load in loads or ()}
     plan = plan_drain(desired, current, pods, by_name, now, context.config.drain_grace_period)
     await _mark_drain(context, namespace, plan, now)
-    manifest = statefulset(pool, spec, plan.statefulset_replicas, sorted(files), judge_files_hash())
+    manifest = statefulset(pool, spec, plan.statefulset_replicas, sorted(files), judge_files_hash(), export)
     resized, sts_errors = await apply_changed(context, [manifest], children)
     errors += sts_errors
     if resized and sts is not None and plan.statefulset_replicas != current:
