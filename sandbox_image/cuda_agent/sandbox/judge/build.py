@@ -368,6 +368,11 @@ class Unit:
     # that compiles is used, so the choice is deterministic for a given source and toolchain.
     lighter: list[Unit] = field(default_factory=list)
 
+    @property
+    def variants(self) -> list[Unit]:
+        """Lightest first, this exact source last."""
+        return [*self.lighter, self]
+
 
 @dataclass
 class UnitOutcome:
@@ -539,14 +544,12 @@ def _run_compiler(
     with subprocess.Popen(
         cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     ) as proc:
-        reader = ThreadPoolExecutor(max_workers=1)
-        output = reader.submit(proc.communicate)
         try:
             while True:
-                try:
-                    out, _ = output.result(timeout=0.05)
+                try:  # communicate() may be retried after a timeout without losing output
+                    out, _ = proc.communicate(timeout=0.05)
                     return proc.returncode, out or ""
-                except TimeoutError:
+                except subprocess.TimeoutExpired:
                     pass
                 if cancel is not None and cancel.is_set():
                     raise _Cancelled()
@@ -556,8 +559,6 @@ def _run_compiler(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, 9)
             raise
-        finally:
-            reader.shutdown(wait=True)
 
 
 def _failure_marker(cache: BuildCache, key: str) -> Path:
@@ -602,7 +603,7 @@ def _compile_lightest(
     the first success in order of lightness wins and the heavier compiles still running are killed.
     The outcome's unit is the variant used (its key names the object to link)."""
     pending: list[Unit] = []
-    for variant in [*unit.lighter, unit]:
+    for variant in unit.variants:
         if cache.obj(variant.key).exists():
             pending.append(variant)
             break
@@ -702,7 +703,7 @@ def _build_units(
     extra: list[str] = []
     for unit in units:
         if unit.lang != "cxx-torch":
-            for variant in [*unit.lighter, unit]:
+            for variant in unit.variants:
                 variant.key = _unit_key(variant, toolchain, None)
     workers = max(1, min(len(units), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -720,7 +721,7 @@ def _build_units(
                 if note:
                     extra.append(note)
             for unit in torch_units:
-                for variant in [*unit.lighter, unit]:
+                for variant in unit.variants:
                     variant.key = _unit_key(variant, toolchain, pch_key)
                 futures[id(unit)] = pool.submit(
                     _compile_lightest, unit, toolchain, cache, pch_header, deadline
