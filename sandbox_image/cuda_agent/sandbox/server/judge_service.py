@@ -84,15 +84,14 @@ class JudgeService:
             return
         await _send(writer, {"accepted": True, "pid": judge.pid})
         gone = asyncio.ensure_future(reader.read())  # EOF: the caller went away (Ctrl-C)
+        exited = asyncio.ensure_future(judge.exited.wait())
         sent = 0
         try:
-            while not judge.exited.is_set():
+            while not exited.done():
                 await asyncio.wait(
-                    [asyncio.ensure_future(judge.exited.wait()), gone],
-                    timeout=STREAM_INTERVAL_S,
-                    return_when=asyncio.FIRST_COMPLETED,
+                    [exited, gone], timeout=STREAM_INTERVAL_S, return_when=asyncio.FIRST_COMPLETED
                 )
-                if gone.done() and not judge.exited.is_set():
+                if gone.done() and not exited.done():
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(judge.pid, signal.SIGKILL)
                     return
@@ -104,6 +103,7 @@ class JudgeService:
             )
         finally:
             gone.cancel()
+            exited.cancel()
             shutil.rmtree(job, ignore_errors=True)
 
 
@@ -131,7 +131,7 @@ def _prepare_socket(path: Path) -> None:
         path.unlink()  # a stale socket from a service that did not exit cleanly
 
 
-async def serve(path: Path, work: Path, ready: asyncio.Event | None = None) -> None:
+async def serve(path: Path, work: Path) -> None:
     env = dict(os.environ)
     env.pop(local_service.SERVICE_ENV, None)
     zygote = await JudgeZygote.start(sys.executable, env, str(work / "zygote.log"), isolated=False)
@@ -145,8 +145,6 @@ async def serve(path: Path, work: Path, ready: asyncio.Event | None = None) -> N
         loop.add_signal_handler(signum, stop.set)
     print(f"judge service ready (zygote {zygote.hello.get('level')}); to use it:", flush=True)
     print(f"export {local_service.SERVICE_ENV}={path}", flush=True)
-    if ready is not None:
-        ready.set()
     try:
         await stop.wait()
     finally:
