@@ -51,7 +51,14 @@ from fixture_catalog import (  # noqa: E402
     task_at_scale,
 )
 
-JUDGE_ENTRY = "import sys; from cuda_agent.cli import main; sys.exit(main(['judge', *sys.argv[1:]]))"
+
+def cli_entry(command: str) -> str:
+    """`python -c` text running one cuda-agent subcommand with this process's arguments."""
+    return f"import sys; from cuda_agent.cli import main; sys.exit(main([{command!r}, *sys.argv[1:]]))"
+
+
+JUDGE_ENTRY = cli_entry("judge")
+SERVICE_ENTRY = cli_entry("judge-service")
 FROZEN_DIR = REPO / "sandbox_image" / "cuda_agent" / "sandbox" / "judge" / "frozen"
 
 # KernelBench-style timing of eager vs torch.compile on the task, run in a child process: per-call CUDA
