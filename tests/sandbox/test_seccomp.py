@@ -6,6 +6,7 @@ exactly as restricted mode does, so these tests run as any user.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cuda_agent.sandbox.server import launcher
 from cuda_agent.sandbox.server.isolation import launch_argv, unconfined_spec
 from cuda_agent.sandbox.server.seccomp_bpf import DENIED_ALWAYS, FilterPolicy, build_filter
 
@@ -197,3 +199,204 @@ def test_hidden_device_paths_may_be_directories(tmp_path: Path) -> None:
     assert seen["dir_listing"] in ([], "PermissionError")  # root may list the empty tmpfs; nothing leaks
     assert seen["file_text"] == ""
     assert (caps / "nvidia-cap1").read_text() == "secret"  # the server's own view is unchanged
+
+
+# --- The Localhost profile variant for pools with spec.security.userNamespaces: Required -----------------
+
+USERNS_PROFILE = PROFILE.with_name("sandbox-userns.json")
+# What the launcher unshares (launcher.confine) and the mount flags it uses (launcher._mask_paths).
+LAUNCHER_NAMESPACES = (
+    launcher.CLONE_NEWUSER | launcher.CLONE_NEWPID | launcher.CLONE_NEWIPC | launcher.CLONE_NEWNS
+) | launcher.CLONE_NEWNET
+LAUNCHER_MOUNT_FLAGS = (
+    launcher.MS_RDONLY | launcher.MS_NOSUID | launcher.MS_NODEV | launcher.MS_NOEXEC
+) | (launcher.MS_BIND | launcher.MS_REC | launcher.MS_PRIVATE)
+
+
+def _only_bits(index: int, allowed: int) -> dict[str, int | str]:
+    # 32-bit masks: Helm reads the profile's numbers as float64 (exact below 2^53); the kernel refuses
+    # unknown high bits of unshare's flags (EINVAL), and mount's high bits mean nothing.
+    return {"index": index, "value": 0xFFFFFFFF & ~allowed, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}
+
+
+def userns_profile(base: dict) -> dict:  # type: ignore[type-arg]
+    """The base profile plus what the launcher needs to build an agent command's namespaces inside the
+    pod's user namespace: `unshare` of exactly the five namespaces it creates and `mount` with exactly
+    the flags it uses. Everything else stays as it is: setns, umount2, pivot_root, the new mount API and
+    clone with namespace flags are still refused, and the agent filter refuses both calls to agent code."""
+    opened = {"unshare", "mount"}
+    rules = []
+    for rule in base["syscalls"]:
+        if rule["action"] == "SCMP_ACT_ERRNO" and opened & set(rule["names"]):
+            rule = {**rule, "names": [n for n in rule["names"] if n not in opened]}
+        rules.append(rule)
+        if rule["names"] == ["clone"]:
+            rules += [
+                {
+                    "names": ["unshare"],
+                    "action": "SCMP_ACT_ALLOW",
+                    "args": [_only_bits(0, LAUNCHER_NAMESPACES)],
+                    "comment": "user, PID, IPC, mount and network namespaces only (the launcher's)",
+                },
+                {
+                    "names": ["mount"],
+                    "action": "SCMP_ACT_ALLOW",
+                    "args": [_only_bits(3, LAUNCHER_MOUNT_FLAGS)],
+                    "comment": "bind, tmpfs and proc mounts and private propagation only (no remount, "
+                    "move or shared); the kernel allows them only in a mount namespace of the command's "
+                    "own user namespace",
+                },
+            ]
+    return {**base, "syscalls": rules}
+
+
+def _rule_key(rule: dict) -> str:  # type: ignore[type-arg]
+    return json.dumps({k: v for k, v in rule.items() if k != "comment"}, sort_keys=True)
+
+
+def test_userns_profile_is_the_base_plus_the_launchers_namespaces_and_mounts_only() -> None:
+    base, variant = json.loads(PROFILE.read_text()), json.loads(USERNS_PROFILE.read_text())
+    assert variant == userns_profile(base), "stale: `python tests/sandbox/test_seccomp.py` rewrites it"
+    # Still an allowlist refusing by default, on the same architectures.
+    assert {k: v for k, v in variant.items() if k != "syscalls"} == {
+        k: v for k, v in base.items() if k != "syscalls"
+    }
+    # The only new permissions: two argument-filtered rules; every other rule as in the base.
+    added = [r for r in variant["syscalls"] if _rule_key(r) not in {_rule_key(b) for b in base["syscalls"]}]
+    changed_denials = [r for r in added if r["action"] == "SCMP_ACT_ERRNO"]
+    assert [r["names"] for r in added if r["action"] == "SCMP_ACT_ALLOW"] == [["unshare"], ["mount"]]
+    assert all(r["args"] for r in added if r["action"] == "SCMP_ACT_ALLOW")
+    (denials,) = changed_denials
+    (base_denials,) = [b for b in base["syscalls"] if b.get("comment") == denials.get("comment")]
+    assert set(base_denials["names"]) - set(denials["names"]) == {"unshare", "mount"}
+    assert _allowed_names(variant) - _allowed_names(base) == {"unshare", "mount"}
+    refused = set(denials["names"])
+    assert {"setns", "umount2", "pivot_root", "fsopen", "open_tree", "move_mount", "mount_setattr"} <= refused
+    assert {"ptrace", "bpf", "keyctl", "userfaultfd", "io_uring_setup", "init_module"} <= refused
+    # unshare: exactly the launcher's five (no cgroup, UTS or time namespace; no CLONE_FS/FILES tricks).
+    (unshare,) = [r for r in added if r["names"] == ["unshare"]]
+    mask = unshare["args"][0]["value"]
+    assert 0xFFFFFFFF & ~mask == 0x78020000  # NEWNS | NEWIPC | NEWUSER | NEWPID | NEWNET
+    (mount,) = [r for r in added if r["names"] == ["mount"]]
+    assert mount["args"][0]["index"] == 3 and 0xFFFFFFFF & ~mount["args"][0]["value"] == 0x4500F
+    # clone keeps refusing namespace flags: the launcher uses unshare, never clone, to create them.
+    (clone,) = [r for r in variant["syscalls"] if r["names"] == ["clone"]]
+    assert clone["args"][0]["value"] == 0x7E020000
+
+
+def test_chart_ships_both_profiles() -> None:
+    chart = PROFILE.parents[2] / "charts" / "cuda-agent" / "files" / "seccomp"
+    for profile in (PROFILE, USERNS_PROFILE):
+        assert (chart / profile.name).read_text() == profile.read_text()
+
+
+if __name__ == "__main__":
+    USERNS_PROFILE.write_text(json.dumps(userns_profile(json.loads(PROFILE.read_text())), indent=2) + "\n")
+
+
+# Loads an OCI/Docker seccomp profile into libseccomp as runc and crun do (a rule whose action is the
+# default is skipped, unknown names are ignored), then execs the rest of argv under it.
+OCI_LOADER = r"""
+import ctypes, json, os, sys
+lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+lib.seccomp_init.restype = ctypes.c_void_p
+class Arg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+OPS = {"SCMP_CMP_NE": 1, "SCMP_CMP_LT": 2, "SCMP_CMP_LE": 3, "SCMP_CMP_EQ": 4, "SCMP_CMP_GE": 5,
+       "SCMP_CMP_GT": 6, "SCMP_CMP_MASKED_EQ": 7}
+def action(name, errno_ret):
+    return 0x7FFF0000 if name == "SCMP_ACT_ALLOW" else 0x00050000 | (errno_ret & 0xFFFF)
+profile = json.load(open(sys.argv[1]))
+default = action(profile["defaultAction"], profile.get("defaultErrnoRet", 1))
+ctx = ctypes.c_void_p(lib.seccomp_init(ctypes.c_uint32(default)))
+for rule in profile["syscalls"]:
+    act = action(rule["action"], rule.get("errnoRet", 1))
+    if act == default:
+        continue
+    args = rule.get("args") or []
+    array = (Arg * max(1, len(args)))(*[Arg(a["index"], OPS[a["op"]], a["value"], a.get("valueTwo", 0)) for a in args])
+    for name in rule["names"]:
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        if nr < 0:
+            continue
+        rc = lib.seccomp_rule_add_array(ctx, ctypes.c_uint32(act), nr, ctypes.c_uint(len(args)), array)
+        assert rc == 0, (name, rc)
+assert lib.seccomp_load(ctx) == 0
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+NAMESPACE_PROBE = r"""
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+def sys_err(nr, *args):
+    return "ok" if libc.syscall(nr, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
+print(json.dumps({
+    "pids": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+    "tmp": os.listdir("/tmp"),
+    "mount_shared": sys_err(165, None, b"/tmp", None, 0x100000, None),
+    "unshare_uts": sys_err(272, 0x04000000),
+    "mount": sys_err(165, b"none", b"/tmp", b"tmpfs", 0, None),
+    "unshare_user": sys_err(272, 0x10000000),
+}))
+"""
+
+
+def _launch_under_profile(profile: Path, agent_filter: bool, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The agent command's launcher spec of restricted mode with user namespaces (isolation.agent_spec:
+    five namespaces, a private /tmp bound from the session, a tmpfs mask, a read-only tmpfs over a
+    device directory, its own /proc) under the pod profile `profile`."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("the probe uses x86_64 syscall numbers")
+    try:
+        ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        pytest.skip("libseccomp.so.2 (what container runtimes load profiles with) is not installed")
+    session_tmp, masked, device_dir = tmp_path / "session-tmp", tmp_path / "masked", tmp_path / "nvidia-caps"
+    for directory in (session_tmp, masked, device_dir):
+        directory.mkdir(parents=True)
+    (session_tmp / "own").write_text("")
+    (masked / "secret").write_text("")
+    names = ("new_userns", "new_netns", "new_mountns", "new_ipcns", "new_pidns")
+    spec = unconfined_spec(
+        [sys.executable, "-c", NAMESPACE_PROBE],
+        {"PATH": "/usr/bin:/bin"},
+        "/",
+        **dict.fromkeys(names, True),
+        masks=[
+            {"path": "/tmp", "expose": [], "source": str(session_tmp)},
+            {"path": str(masked), "expose": []},
+        ],
+        hide=[str(device_dir)],
+        seccomp=build_filter(FilterPolicy(protected_pids=(os.getpid(),))).hex() if agent_filter else None,
+    )
+    argv = [sys.executable, "-I", "-c", OCI_LOADER, str(profile), *launch_argv(spec)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_base_profile_stops_the_launchers_user_namespace(tmp_path: Path) -> None:
+    """What a restricted pod as shipped gets: the server's probe fails here and it falls back (auto)
+    or refuses to start (--user-namespaces on)."""
+    out = _launch_under_profile(PROFILE, agent_filter=True, tmp_path=tmp_path)
+    assert out.returncode == 126
+    assert "unshare(CLONE_NEWUSER): Operation not permitted" in out.stderr
+
+
+def test_userns_profile_lets_the_launcher_build_the_namespaces_and_the_agent_filter_closes_them(
+    tmp_path: Path,
+) -> None:
+    """Under the variant the launcher builds every namespace and mount of an agent command; the command
+    itself (agent filter installed, as the server always does) can neither unshare nor mount again.
+    Run as this test's uid: what is tested is the profile, the same for root and the pod's uid."""
+    out = _launch_under_profile(USERNS_PROFILE, agent_filter=True, tmp_path=tmp_path)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["pids"] == ["1"]  # its own PID namespace and /proc
+    assert seen["tmp"] == ["own"]  # the session's tmp/ bound over /tmp
+    assert seen["unshare_user"] == seen["mount"] == seen["unshare_uts"] == seen["mount_shared"] == "EPERM"
+    # Without the agent filter only the variant's argument checks stand: the launcher's kinds of
+    # namespace and mount pass (so agent code must never run without the filter), any other is refused.
+    bare = _launch_under_profile(USERNS_PROFILE, agent_filter=False, tmp_path=tmp_path / "bare")
+    assert bare.returncode == 0, bare.stderr
+    unfiltered = json.loads(bare.stdout)
+    assert unfiltered["unshare_user"] == unfiltered["mount"] == "ok"
+    assert unfiltered["unshare_uts"] == unfiltered["mount_shared"] == "EPERM"
