@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from cuda_agent.data.records import FILTER_ORDER, ComposerConfig, FilterConfig
+from cuda_agent.data.records import FILTER_ORDER, CalibrationConfig, ComposerConfig, FilterConfig
 from cuda_agent.storage import StorageError
 
 
@@ -35,6 +35,21 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--endpoint", help="OpenAI-compatible base URL (composer llm)")
     synth.add_argument("--model", help="model name at the endpoint (composer llm)")
     synth.add_argument("--no-transformers", action="store_true", help="compose torch operators only")
+    synth.add_argument(
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        help="size each programmatic task on the target device until its eager time is in the runtime "
+        "window (default: on for cuda, off for cpu)",
+    )
+    synth.add_argument(
+        "--target-ms", type=float, help="calibration aim (default: the window's geometric middle)"
+    )
+    synth.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.1,
+        help="calibrated task's peak memory cap, share of the device",
+    )
     _filter_arguments(synth)
 
     catalogue = commands.add_parser("catalogue", help="crawl and probe operators; print coverage")
@@ -128,6 +143,11 @@ def _synth(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         filters=_filter_config(args),
         composing=ComposerConfig(scale=scale, include_transformers=not args.no_transformers),
+        calibration=CalibrationConfig(
+            enabled=args.device == "cuda" if args.calibrate is None else args.calibrate,
+            target_ms=args.target_ms,
+            memory_fraction=args.memory_fraction,
+        ),
         endpoint=endpoint,
     )
     catalogue = build_catalogue(config.composing.include_transformers)

@@ -17,6 +17,7 @@ import random
 import re
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -75,6 +76,37 @@ def _numel(shape: Shape) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One operator of a walk, recorded so the walk can be replayed at another batch size: the family
+    rule is re-run from the same random state on the new shape, so its arguments fit that shape."""
+
+    entry: CatalogueEntry
+    rule_state: Any  # random.Random state just before the family rule was called
+    operand: int | None  # value index of the second tensor; None: a unary operator
+    new_input: bool  # the second tensor is a new forward input (else an earlier intermediate)
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A composed chain before rendering: its start shape and its steps."""
+
+    start: Shape
+    steps: tuple[_Step, ...]
+
+
+Chosen = list[tuple[CatalogueEntry, Plan, int | None]]  # (operator, plan, operand value index)
+
+
+def scaled_batch(batch: int, shift: int) -> int | None:
+    """`batch` times 2**shift, or None when a negative shift does not divide it exactly."""
+    if shift >= 0:
+        return batch << shift
+    if batch % (1 << -shift):
+        return None
+    return batch >> -shift
+
+
 class ProgrammaticComposer:
     """Offline composer: a random walk over the catalogue guided by the running tensor's shape."""
 
@@ -86,28 +118,45 @@ class ProgrammaticComposer:
         self.seed = seed
 
     def compose(self, index: int) -> Sample:
-        rng = random.Random(f"{self.seed}:{index}")
-        target = _op_count(rng, self.config.op_count_weights)
-        best: tuple[list[AppliedOp], list[tuple[str, Shape]]] | None = None
-        for _ in range(10):  # a layout that fits fewer ops than asked: try another start
-            ops, inputs = self._walk(rng, target)
-            if best is None or len(ops) > len(best[0]):
-                best = (ops, inputs)
-            if len(ops) == target:
-                break
-        assert best is not None
-        ops, inputs = best
-        if not ops:
+        sample = self.compose_scaled(index, 0, _MAX_ELEMENTS[self.config.scale])
+        if sample is None:
             return _failed(sample_id(self.seed, index), self.name, "no operator applies to any start layout")
+        return sample
+
+    def compose_scaled(self, index: int, shift: int, max_elements: int) -> Sample | None:
+        """The task of `index` with its batch dimension (dimension 0 of the start layout) times 2**shift,
+        or None when that batch breaks an operator's shape rule or makes a tensor exceed `max_elements`.
+        Shift 0 is `compose(index)`; calibrate.py picks the shift from runtimes on the target device."""
+        composition = self.composition(index)
+        if not composition.steps:
+            return None
+        replayed = self._replay(composition, shift, max_elements)
+        if replayed is None:
+            return None
+        chosen, inputs = replayed
+        ops, named_inputs = self._name_values(chosen, inputs)
         entries = [op.entry for op in ops]
         doc = "Fused operators: " + " -> ".join(e.name for e in entries)
         return Sample(
             id=sample_id(self.seed, index),
             ops=[e.name for e in entries],
             data_source=_data_source(entries),
-            code=render_task(ops, inputs, doc),
+            code=render_task(ops, named_inputs, doc),
             composer=self.name,
         )
+
+    def composition(self, index: int) -> Composition:
+        rng = random.Random(f"{self.seed}:{index}")
+        target = _op_count(rng, self.config.op_count_weights)
+        best: Composition | None = None
+        for _ in range(10):  # a layout that fits fewer ops than asked: try another start
+            walked = self._walk(rng, target)
+            if best is None or len(walked.steps) > len(best.steps):
+                best = walked
+            if len(walked.steps) == target:
+                break
+        assert best is not None
+        return best
 
     def _start_shape(self, rng: random.Random) -> Shape:
         ranks = sorted(_RANK_WEIGHTS)
@@ -118,11 +167,20 @@ class ProgrammaticComposer:
             if _numel(shape) <= limit:
                 return shape
 
-    def _walk(self, rng: random.Random, target: int) -> tuple[list[AppliedOp], list[tuple[str, Shape]]]:
-        sizes, limit = SIZES[self.config.scale], _MAX_ELEMENTS[self.config.scale]
+    def _plan(self, entry: CatalogueEntry, shape: Shape, rng: random.Random) -> Plan | None:
+        sizes = SIZES[self.config.scale]
+        plan = family_named(entry.family or "").rule(entry.name.rsplit(".", 1)[-1], shape, rng, sizes)
+        if plan is None:
+            return None
+        fitted = fit_plan(entry, plan)
+        if isinstance(fitted, str) or (not fitted.out and not fitted.terminal):
+            return None
+        return fitted if min(fitted.out, default=1) >= 1 else None
+
+    def _walk(self, rng: random.Random, target: int) -> Composition:
+        limit = _MAX_ELEMENTS[self.config.scale]
         values: list[Shape] = [self._start_shape(rng)]
-        inputs: list[tuple[int, Shape]] = [(0, values[0])]  # (value index, shape) of forward inputs
-        chosen: list[tuple[CatalogueEntry, Plan, int | None]] = []  # operand: value index or None
+        steps: list[_Step] = []
         for step in range(target):
             shape = values[-1]
             candidates = self.catalogue.runnable_for(
@@ -131,37 +189,64 @@ class ProgrammaticComposer:
             picked = None
             for _ in range(_ATTEMPTS_PER_OP if candidates else 0):
                 entry = rng.choice(candidates)
-                plan = family_named(entry.family or "").rule(entry.name.rsplit(".", 1)[-1], shape, rng, sizes)
-                if plan is None or (plan.terminal and step < target - 1):
-                    continue
-                fitted = fit_plan(entry, plan)
-                if isinstance(fitted, str) or (not fitted.out and not fitted.terminal):
-                    continue
-                if min(fitted.out, default=1) < 1 or _numel(fitted.out) > limit:
+                state = rng.getstate()
+                fitted = self._plan(entry, shape, rng)
+                if fitted is None or (fitted.terminal and step < target - 1) or _numel(fitted.out) > limit:
                     continue
                 if fitted.operand is not None and _numel(fitted.operand) > limit:
                     continue
-                picked = (entry, fitted)
+                picked = (entry, fitted, state)
                 break
             if picked is None:
                 break
-            entry, fitted = picked
+            entry, fitted, state = picked
             operand: int | None = None
+            new_input = False
             if fitted.operand is not None:
                 earlier = [i for i, s in enumerate(values[:-1]) if s == fitted.operand]
                 if earlier and rng.random() < 0.5:
                     operand = rng.choice(earlier)
                 else:
                     values.append(fitted.operand)  # a new forward input, not an intermediate
-                    operand = len(values) - 1
-                    inputs.append((operand, fitted.operand))
-            chosen.append((entry, fitted, operand))
+                    operand, new_input = len(values) - 1, True
+            steps.append(_Step(entry, state, operand, new_input))
             values.append(fitted.out)
-        return self._name_values(chosen, inputs)
+        return Composition(values[0], tuple(steps))
+
+    def _replay(
+        self, composition: Composition, shift: int, limit: int
+    ) -> tuple[Chosen, list[tuple[int, Shape]]] | None:
+        """The walk's operators re-planned on a start shape whose batch is scaled by 2**shift; None when an
+        operator's rule no longer applies or the chain's structure (operands, residuals) changes."""
+        batch = scaled_batch(composition.start[0], shift)
+        if batch is None or batch < 1:
+            return None
+        values: list[Shape] = [(batch, *composition.start[1:])]
+        inputs: list[tuple[int, Shape]] = [(0, values[0])]
+        chosen: Chosen = []
+        if _numel(values[0]) > limit:
+            return None
+        for step in composition.steps:
+            rng = random.Random()
+            rng.setstate(step.rule_state)
+            plan = self._plan(step.entry, values[-1], rng)
+            if plan is None or _numel(plan.out) > limit or (plan.operand is None) != (step.operand is None):
+                return None
+            if step.new_input:
+                assert plan.operand is not None
+                if _numel(plan.operand) > limit:
+                    return None
+                values.append(plan.operand)
+                inputs.append((len(values) - 1, plan.operand))
+            elif step.operand is not None and values[step.operand] != plan.operand:
+                return None  # the residual no longer has the operand's shape
+            chosen.append((step.entry, plan, step.operand))
+            values.append(plan.out)
+        return chosen, inputs
 
     @staticmethod
     def _name_values(
-        chosen: list[tuple[CatalogueEntry, Plan, int | None]], inputs: list[tuple[int, Shape]]
+        chosen: Chosen, inputs: list[tuple[int, Shape]]
     ) -> tuple[list[AppliedOp], list[tuple[str, Shape]]]:
         """Spell values the way KernelBench tasks do (`x = op(x)`), naming only those read again later."""
         input_ids = {i for i, _ in inputs}

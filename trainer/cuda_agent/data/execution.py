@@ -9,11 +9,16 @@ LLM composer is confined like agent code:
 Settings (FilterConfig's fields): device, seed, min_runtime_ms, max_runtime_ms, runtime_repeats,
 compile_backend, compile_rtol, compile_atol, timeout_s. Filters run in EXECUTION_FILTERS order and stop
 at the first failure.
+
+`measure(code, settings)` times a task the way the runtime filter does and reports its peak memory: the
+composer's calibration (calibrate.py) sizes tasks with it before they are filtered.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import signal
 import statistics
 import sys
@@ -63,7 +68,20 @@ class _Run:
 
         torch.manual_seed(seed)
         device = torch.device(self.settings["device"])
-        return [t.to(device) if isinstance(t, torch.Tensor) else t for t in self.task.get_inputs()]
+        # Drawn on the target device (the task's torch.randn follows the default device): a GPU-sized
+        # input drawn on the host and copied over takes seconds per draw.
+        with device:
+            inputs = self.task.get_inputs()
+        return [t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs]
+
+    def build(self) -> Any:
+        import torch
+
+        torch.manual_seed(self.settings["seed"])
+        device = torch.device(self.settings["device"])
+        with device:  # parameters initialised where they will live, for the same reason
+            model = self.task.Model(*self.task.get_init_inputs())
+        return model.to(device)
 
     def forward(self, inputs: list[Any]) -> Any:
         import torch
@@ -83,8 +101,7 @@ def runs_eager(run: _Run) -> Verdict:
 
     try:
         run.task = load_task(run.code)
-        torch.manual_seed(run.settings["seed"])
-        run.model = run.task.Model(*run.task.get_init_inputs()).to(torch.device(run.settings["device"]))
+        run.model = run.build()
         run.inputs = run.draw_inputs(run.settings["seed"])
         run.output = run.forward(run.inputs)
     except Exception as exc:  # any error of the task's own code is this filter's verdict
@@ -122,15 +139,20 @@ def nontrivial_output(run: _Run) -> Verdict:
     return _verdict("nontrivial_output", True)
 
 
-def runtime(run: _Run) -> Verdict:
-    settings = run.settings
+def _median_ms(run: _Run) -> float:
+    """Median wall time of `runtime_repeats` synchronized eager forwards after one warm-up."""
     run.forward(run.inputs)  # warm-up (allocator, lazy kernel loading)
     times = []
-    for _ in range(settings["runtime_repeats"]):
+    for _ in range(run.settings["runtime_repeats"]):
         start = time.perf_counter()
         run.forward(run.inputs)  # synchronizes on CUDA, so wall time is device time plus launch
         times.append((time.perf_counter() - start) * 1e3)
-    median = statistics.median(times)
+    return statistics.median(times)
+
+
+def runtime(run: _Run) -> Verdict:
+    settings = run.settings
+    median = _median_ms(run)
     low, high = settings["min_runtime_ms"], settings["max_runtime_ms"]
     passed = low <= median <= high
     detail = f"median {median:.3f} ms on {settings['device']}, bounds [{low}, {high}] ms"
@@ -213,6 +235,52 @@ def run_filters(code: str, settings: dict[str, Any], enabled: Sequence[str]) -> 
             if not verdict["passed"]:
                 break
     return verdicts
+
+
+def _tensor_bytes(values: Any) -> int:
+    import torch
+
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def measure(code: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The median eager forward time (as the runtime filter times it) and the peak memory of a task,
+    for the composer's calibration (calibrate.py); not a filter: the runtime filter re-times the task
+    the calibration settles on. On cuda `peak_bytes` is the allocator's peak while the task was built
+    and run; on cpu it is the bytes of inputs, parameters and output (a lower bound). `device_bytes`
+    is the device's total memory (cuda) or the host's (cpu). A task that fails reports `error`."""
+    import torch
+
+    cuda = settings["device"] == "cuda"
+    result: dict[str, Any] = {"ms": None, "peak_bytes": None, "device_bytes": None, "error": ""}
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
+        result["device_bytes"] = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    else:
+        result["device_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    run = _Run(code, settings)
+    try:
+        with _deadline(float(settings.get("timeout_s", 0))):
+            built = runs_eager(run)
+            if not built["passed"]:
+                result["error"] = built["detail"]
+                return result
+            result["ms"] = _median_ms(run)
+        if cuda:
+            result["peak_bytes"] = torch.cuda.max_memory_allocated() - baseline
+        else:
+            params = [*run.model.parameters(), *run.model.buffers()]
+            result["peak_bytes"] = _tensor_bytes([*run.inputs, *params, run.output])
+    except Exception as exc:  # out of memory, a timeout, an error in the task: no measurement
+        result["ms"], result["error"] = None, f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        del run
+        if cuda:  # give the cached blocks back: the next task (or filter) measures from a clean device
+            gc.collect()
+            torch.cuda.empty_cache()
+    return result
 
 
 def main(argv: Sequence[str]) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.data import execution
+from cuda_agent.data.calibrate import Measurement
 from cuda_agent.data.decontam import BenchmarkIndex
 from cuda_agent.data.filters import conclude, evaluate, execution_settings, static_verdicts
 from cuda_agent.data.records import FilterConfig, Sample, Verdict
@@ -61,15 +62,21 @@ def filter_samples(
             yield from pool.map(_evaluate_in_worker, samples, [config] * count, [benchmark] * count)
 
 
-def _with_ray(
-    samples: Sequence[Sample], config: FilterConfig, benchmark: BenchmarkIndex | None, workers: int
-) -> Iterator[Sample]:
+def _init_ray(workers: int) -> None:
     import ray
 
     if not ray.is_initialized():
         # An existing cluster when RAY_ADDRESS says so, else a local one limited to `workers` CPUs.
         address = os.environ.get("RAY_ADDRESS")
         ray.init(address=address, num_cpus=None if address else max(1, workers), include_dashboard=False)
+
+
+def _with_ray(
+    samples: Sequence[Sample], config: FilterConfig, benchmark: BenchmarkIndex | None, workers: int
+) -> Iterator[Sample]:
+    import ray
+
+    _init_ray(workers)
     gpus = 1.0 if config.device == "cuda" else 0.0
     remote: Any = ray.remote(num_cpus=1, num_gpus=gpus)(_evaluate_in_worker)
     config_ref, bench_ref = ray.put(config), ray.put(benchmark)
@@ -77,6 +84,36 @@ def _with_ray(
     for ref in refs:
         result: Sample = ray.get(ref)
         yield result
+
+
+def _measure_in_worker(code: str, settings: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    return execution.measure(code, settings)
+
+
+def measure_tasks(
+    codes: Sequence[str], config: FilterConfig, *, workers: int = 1, use_ray: bool = False
+) -> list[Measurement]:
+    """execution.measure over tasks (the calibration's measurements), fanned out like the filters: in
+    this process, in spawned workers, or as Ray tasks (one GPU each on cuda). Only for the programmatic
+    composer's own code, which is why there is no sandbox path: a model's code is never calibrated."""
+    settings = execution_settings(config)
+    if use_ray:
+        import ray
+
+        _init_ray(workers)
+        gpus = 1.0 if config.device == "cuda" else 0.0
+        remote: Any = ray.remote(num_cpus=1, num_gpus=gpus)(_measure_in_worker)
+        raw = ray.get([remote.remote(code, settings) for code in codes])
+    elif workers <= 1:
+        raw = [execution.measure(code, settings) for code in codes]
+    else:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            raw = list(pool.map(_measure_in_worker, codes, [settings] * len(codes)))
+    return [Measurement.model_validate(r) for r in raw]
 
 
 def evaluate_in_sandbox(

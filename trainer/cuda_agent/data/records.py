@@ -57,6 +57,23 @@ class Verdict(BaseModel):
     value: float | None = Field(default=None, description="the measured number: runtime ms, similarity")
 
 
+CalibrationOutcome = Literal["in_window", "memory", "shape", "rounds", "no_progress", "failed"]
+
+
+class Calibration(BaseModel):
+    """How calibrate.py sized a programmatic task on the target device: the factor its batch dimension
+    was scaled by, why the search stopped, and the eager time it measured at the chosen size (the
+    runtime filter then times the task again)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_scale: float = Field(gt=0, description="2**shift; 1.0: composed size")
+    outcome: CalibrationOutcome
+    rounds: int = Field(ge=0, description="measurements taken")
+    ms: float | None = Field(default=None, description="median eager ms measured at the chosen size")
+    peak_bytes: int | None = None
+
+
 class Sample(BaseModel):
     """One composed task with the Ops-6K fields and what the filters said. `data_source` is
     `<source>#<number of ops>` as in the released set (`torch#2`)."""
@@ -71,6 +88,7 @@ class Sample(BaseModel):
     verdicts: list[Verdict] = Field(default_factory=list)
     accepted: bool = False
     rejected_by: FilterName | None = None
+    calibration: Calibration | None = None
 
     @property
     def n_ops(self) -> int:
@@ -92,6 +110,10 @@ class Summary(BaseModel):
     rejections: dict[str, int]
     runtime_ms: dict[str, float] = Field(
         default_factory=dict, description="p10 / p50 / p90 of the median eager time of candidates timed"
+    )
+    calibration: dict[str, int] = Field(
+        default_factory=dict,
+        description="calibrated candidates per outcome, plus scaled_up / scaled_down / unscaled counts",
     )
     device: Device
     composer: str
@@ -132,6 +154,34 @@ class FilterConfig(BaseModel):
         }
         values.update(overrides)
         return cls.model_validate(values)
+
+
+class CalibrationConfig(BaseModel):
+    """Device-aware sizing of programmatic tasks (calibrate.py): measure each composed task's eager time
+    on the target device and scale its batch dimension by powers of two towards `target_ms`, within the
+    memory and tensor-size caps, before the filters (whose runtime window is not changed) run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    target_ms: float | None = Field(
+        default=None, gt=0, description="aim; default: the runtime window's geometric middle (10 ms on cuda)"
+    )
+    margin: float = Field(
+        default=1.5, ge=1, description="a size is settled once within [min*margin, max/margin] ms"
+    )
+    max_rounds: int = Field(default=5, ge=1, le=20, description="measurements per task at most")
+    max_step: int = Field(default=4, ge=1, le=16, description="log2 of the largest batch change per round")
+    memory_fraction: float = Field(
+        default=0.1,
+        gt=0,
+        le=0.9,
+        description="peak memory of one task at most this share of the device's (the judge holds several "
+        "copies of a task's tensors)",
+    )
+    max_tensor_elements: int = Field(
+        default=(1 << 31) - 1, ge=1, description="no tensor larger (32-bit indexing in some kernels)"
+    )
 
 
 class ComposerConfig(BaseModel):

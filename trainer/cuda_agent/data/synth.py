@@ -7,8 +7,9 @@ summary. Output layout under `out` (a path or s3:// prefix):
     rejected.jsonl                       rejected candidates with the verdict that rejected them
     summary.json                         Summary: counts, share of 1-5-op samples, rejections per filter
 
-Resumable: candidates are a pure function of (seed, index), so a rerun reads the shards, skips the ids
-already there and continues where the previous run stopped.
+With calibration on (the default on cuda), each batch is re-sized for the target device before it is
+filtered (calibrate.py). Resumable: candidate ids are a function of (seed, index), so a rerun reads the
+shards, skips the ids already there and continues where the previous run stopped.
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cuda_agent.data.compose import Composer, EndpointConfig, sample_id
+from cuda_agent.data.calibrate import Measurement, Window, calibrate, outcome_counts
+from cuda_agent.data.compose import Composer, EndpointConfig, ProgrammaticComposer, sample_id
 from cuda_agent.data.decontam import BenchmarkIndex
-from cuda_agent.data.pipeline import filter_samples
+from cuda_agent.data.pipeline import filter_samples, measure_tasks
 from cuda_agent.data.published import jsonl, ops6k_parquet, read_jsonl, write_bytes
-from cuda_agent.data.records import ComposerConfig, Device, FilterConfig, Sample, Summary
+from cuda_agent.data.records import (
+    CalibrationConfig,
+    ComposerConfig,
+    Device,
+    FilterConfig,
+    Sample,
+    Summary,
+)
 from cuda_agent.storage import ObjectNotFoundError, join_uri, open_store
 
 
@@ -48,6 +57,7 @@ class SynthConfig(BaseModel):
     batch_size: int = Field(default=16, ge=1)
     filters: FilterConfig = Field(default_factory=FilterConfig)
     composing: ComposerConfig = Field(default_factory=ComposerConfig)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     endpoint: EndpointConfig | None = None
 
     @model_validator(mode="after")
@@ -102,6 +112,7 @@ def summarize(candidates: list[Sample], accepted: list[Sample], config: SynthCon
         ops_share={str(k): counts.get(k, 0) / total for k in range(1, 6)},
         rejections={name: rejections.get(name, 0) for name in config.filters.enabled},
         runtime_ms=_percentiles(timed),
+        calibration=outcome_counts(candidates),
         device=config.device,
         composer=config.composer,
         seed=config.seed,
@@ -126,12 +137,16 @@ def run(
     index = 0
     while accepted < config.n and index < config.candidate_limit:
         batch: list[Sample] = []
+        indices: list[int] = []
         while len(batch) < config.batch_size and index < config.candidate_limit:
             if sample_id(config.seed, index) not in done:
                 batch.append(composer.compose(index))
+                indices.append(index)
             index += 1
         if not batch:
             continue
+        if config.calibration.enabled and isinstance(composer, ProgrammaticComposer):
+            batch = _calibrate(config, composer, indices, batch)
         results = list(
             filter_samples(
                 batch,
@@ -150,6 +165,19 @@ def run(
             progress(max(0, min(new, config.n - accepted)))
         accepted += new
     return finalize(config, done)
+
+
+def _calibrate(
+    config: SynthConfig, composer: ProgrammaticComposer, indices: list[int], batch: list[Sample]
+) -> list[Sample]:
+    """The batch re-sized for the target device (calibrate.py), measured where the filters would run;
+    with --sandbox the measuring runs locally, since only the programmatic composer's code is sized."""
+
+    def measure(codes: list[str]) -> list[Measurement]:
+        return measure_tasks(codes, config.filters, workers=config.workers, use_ray=config.use_ray)
+
+    window = Window(config.filters.min_runtime_ms, config.filters.max_runtime_ms)
+    return calibrate(composer, indices, batch, measure, window, config.calibration)
 
 
 def finalize(config: SynthConfig, done: dict[str, Sample]) -> Summary:
