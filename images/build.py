@@ -1,0 +1,391 @@
+"""Builds the operator image for real on a machine with no container engine and no registry: Debian's
+`debootstrap` makes a pinned Debian base, `buildah` (vfs storage, chroot isolation, both from Debian)
+imports it from scratch and builds images/operator/Dockerfile on it, and the result is exported as an
+OCI archive. `python images/build.py` (or `make images`) builds, or reuses the build cached for the
+same inputs, then starts the image's entry point as its own non-root USER (docs/install.md).
+
+Everything lives under ~/.cache/cuda-agent/images (CUDA_AGENT_IMAGE_CACHE): the debootstrap rootfs,
+buildah's storage and the archives, so nothing touches /var/lib/containers or other system paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OPERATOR_DOCKERFILE = REPO / "images" / "operator" / "Dockerfile"
+# The chart's image name (charts/cuda-agent/values.yaml images.operator), also the archive's ref name.
+OPERATOR_NAME = "ghcr.io/cuda-agent/operator:0.1.0"
+
+# The Dockerfile's default base is python:3.11.11-slim-bookworm; ours is the same Debian release with
+# Debian's own Python 3.11 (`python` from python-is-python3, the venv module, CA certificates for pip)
+# and the tools the chart's seccomp DaemonSet runs from this image (sh, cp, cmp: essential packages).
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates", "netbase", "tzdata")
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+HOST_TOOLS = {"buildah": "buildah", "debootstrap": "debootstrap"}  # command -> Debian package
+
+
+class MissingTool(RuntimeError):
+    """A tool the build needs is absent and cannot be installed here; the message names it."""
+
+
+def cache_dir() -> Path:
+    default = Path.home() / ".cache" / "cuda-agent" / "images"
+    return Path(os.environ.get("CUDA_AGENT_IMAGE_CACHE", default))
+
+
+def log(message: str) -> None:
+    print(f"[images] {message}", file=sys.stderr, flush=True)
+
+
+def ensure_host_tools() -> None:
+    """Installs buildah and debootstrap from Debian when missing (root and apt-get needed)."""
+    missing = [package for command, package in HOST_TOOLS.items() if shutil.which(command) is None]
+    if not missing:
+        return
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        raise MissingTool(
+            f"{', '.join(missing)} missing, and apt-get as root is not available to install them "
+            f"(apt-get install {' '.join(missing)})"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", *missing]
+    log(f"installing {' '.join(missing)} from Debian")
+    if subprocess.run(install, env=env, capture_output=True, check=False).returncode != 0:
+        # Stale package lists are the usual cause; one update, then the install must succeed.
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
+        proc = subprocess.run(install, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise MissingTool(f"apt-get install {' '.join(missing)} failed: {proc.stderr[-2000:]}")
+
+
+class Buildah:
+    """buildah with the project's own storage (vfs: no overlay or fuse needed) and chroot isolation."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.base = [
+            "buildah",
+            "--root",
+            str(root / "storage"),
+            "--runroot",
+            str(root / "run"),
+            "--storage-driver",
+            "vfs",
+        ]
+
+    def __call__(self, *args: str, quiet: bool = True) -> str:
+        proc = subprocess.run(
+            [*self.base, *args],
+            env={**os.environ, "BUILDAH_ISOLATION": "chroot"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if quiet else None,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"buildah {shlex.join(args)} failed:\n{(proc.stderr or '')[-4000:]}")
+        return proc.stdout.strip()
+
+    def exists(self, kind: str, name: str) -> bool:
+        proc = subprocess.run([*self.base, "inspect", "--type", kind, name], capture_output=True, check=False)
+        return proc.returncode == 0
+
+    def inspect(self, kind: str, name: str) -> dict[str, Any]:
+        info: dict[str, Any] = json.loads(self("inspect", "--type", kind, name))
+        return info
+
+
+def digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """One build at a time per cache (make images and the test may overlap)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def base_key() -> str:
+    return digest(SUITE.encode(), MIRROR.encode(), " ".join(BASE_PACKAGES).encode())[:16]
+
+
+def base_rootfs(cache: Path) -> Path:
+    """The debootstrap'ed Debian rootfs, made once per base key (~40 s, ~270 MB)."""
+    rootfs = cache / "base" / base_key() / "rootfs"
+    if (rootfs / "usr" / "bin" / "python3").exists():
+        return rootfs
+    staging = Path(tempfile.mkdtemp(prefix="rootfs-", dir=cache))
+    command = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(BASE_PACKAGES)}",
+        SUITE,
+        str(staging),
+        MIRROR,
+    ]
+    log(f"debootstrap {SUITE} into {rootfs}")
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RuntimeError(f"{shlex.join(command)} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+    # As in Debian's own slim images: no package lists or downloaded .debs in the image.
+    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        for entry in (staging / junk).glob("*"):
+            if entry.is_file():
+                entry.unlink()
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(rootfs, ignore_errors=True)
+    staging.rename(rootfs)
+    return rootfs
+
+
+def base_image(buildah: Buildah, cache: Path) -> str:
+    """The rootfs as a local image, committed from `buildah from scratch`."""
+    name = f"localhost/cuda-agent/debian:{SUITE}-{base_key()}"
+    if buildah.exists("image", name):
+        return name
+    rootfs = base_rootfs(cache)
+    container = buildah("from", "scratch")
+    try:
+        buildah("copy", container, f"{rootfs}/", "/")
+        env = [arg for key, value in BASE_ENV.items() for arg in ("--env", f"{key}={value}")]
+        buildah("config", *env, "--cmd", "python3", container)
+        buildah("commit", "--quiet", container, name)
+    finally:
+        buildah("rm", container)
+    return name
+
+
+def copied_sources(dockerfile: Path) -> list[str]:
+    """Every build-context path the Dockerfile COPYs (not the stage-to-stage ones)."""
+    from dockerfile_parse import DockerfileParser
+
+    sources: list[str] = []
+    for step in DockerfileParser(str(dockerfile)).structure:
+        if step["instruction"] != "COPY":
+            continue
+        words = shlex.split(step["value"])
+        if any(word.startswith("--from=") for word in words):
+            continue
+        sources += [word for word in words if not word.startswith("--")][:-1]
+    return sources
+
+
+def stage_context(dockerfile: Path, context: Path) -> list[Path]:
+    """Copies just what the Dockerfile COPYs into `context` (buildah would walk the whole repository,
+    .venv included) and returns the copied files, sorted: the inputs the image's key hashes."""
+    for source in copied_sources(dockerfile):
+        target = context / source
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / source).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(REPO / source, target, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy2(REPO / source, target)
+    return sorted(path for path in context.rglob("*") if path.is_file())
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    name: str  # local tag, keyed by the inputs
+    key: str
+    archive: Path  # OCI archive, ref name OPERATOR_NAME
+    user: str
+    entrypoint: list[str]
+    env: dict[str, str]
+    workdir: str
+    built: bool  # False: reused from the cache
+    seconds: dict[str, float]
+
+
+def image_config(buildah: Buildah, name: str) -> tuple[str, list[str], dict[str, str], str]:
+    config = buildah.inspect("image", name)["OCIv1"]["config"]
+    env = dict(item.split("=", 1) for item in config.get("Env", []))
+    return config.get("User", ""), config.get("Entrypoint", []), env, config.get("WorkingDir", "") or "/"
+
+
+def build_operator(cache: Path | None = None) -> BuiltImage:
+    """Builds images/operator/Dockerfile on the Debian base, or reuses the image built from the same
+    Dockerfile, copied files and base; exports it as an OCI archive."""
+    cache = cache or cache_dir()
+    ensure_host_tools()
+    with locked(cache / "build.lock"):
+        buildah = Buildah(cache)
+        seconds: dict[str, float] = {}
+        started = time.monotonic()
+        base = base_image(buildah, cache)
+        seconds["base"] = time.monotonic() - started
+        with tempfile.TemporaryDirectory(prefix="context-", dir=cache) as tmp:
+            context = Path(tmp)
+            files = stage_context(OPERATOR_DOCKERFILE, context)
+            parts = [OPERATOR_DOCKERFILE.read_bytes(), base.encode()]
+            parts += [str(f.relative_to(context)).encode() + b"\0" + f.read_bytes() for f in files]
+            key = digest(*parts)[:16]
+            name = f"localhost/cuda-agent/operator:{key}"
+            archive = cache / "oci" / f"operator-{key}.oci.tar"
+            built = not (buildah.exists("image", name) and archive.exists())
+            if built:
+                started = time.monotonic()
+                log(f"buildah bud {OPERATOR_DOCKERFILE.relative_to(REPO)} on {base} -> {name}")
+                shutil.copy2(OPERATOR_DOCKERFILE, context / "Dockerfile")
+                buildah(
+                    "bud",
+                    "--isolation",
+                    "chroot",
+                    "--network",
+                    "host",
+                    "--pull=never",
+                    "--format",
+                    "oci",
+                    "--build-arg",
+                    f"PYTHON_IMAGE={base}",
+                    *trust_host_ca(cache),
+                    "--file",
+                    str(context / "Dockerfile"),
+                    "--tag",
+                    name,
+                    str(context),
+                    quiet=False,
+                )
+                seconds["bud"] = time.monotonic() - started
+                started = time.monotonic()
+                archive.parent.mkdir(parents=True, exist_ok=True)
+                partial = archive.with_suffix(".partial")
+                partial.unlink(missing_ok=True)
+                buildah("push", "--quiet", name, f"oci-archive:{partial}:{OPERATOR_NAME}")
+                partial.rename(archive)
+                seconds["archive"] = time.monotonic() - started
+                prune(buildah, cache, keep=name)
+        user, entrypoint, env, workdir = image_config(buildah, name)
+        return BuiltImage(name, key, archive, user, entrypoint, env, workdir, built, seconds)
+
+
+def trust_host_ca(cache: Path) -> list[str]:
+    """Volumes that let the RUN steps' pip trust the CAs this host trusts (a TLS-inspecting egress proxy
+    here signs PyPI's certificate with its own CA). Mounted during RUN only, so nothing reaches a layer."""
+    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    if not bundle.exists():
+        return []
+    pip_conf = cache / "pip.conf"
+    pip_conf.write_text(f"[global]\ncert = {bundle}\n")
+    return ["--volume", f"{bundle}:{bundle}:ro", "--volume", f"{pip_conf}:/etc/pip.conf:ro"]
+
+
+def prune(buildah: Buildah, cache: Path, keep: str) -> None:
+    """Drops operator images and archives of older inputs and the build stage's leftovers: vfs stores
+    every layer as a full copy (~0.5 GB per build)."""
+    repository = keep.rsplit(":", 1)[0]
+    for line in buildah("images", "--format", "{{.Name}}:{{.Tag}}").splitlines():
+        if line.startswith(f"{repository}:") and line != keep:
+            for container in buildah("containers", "--quiet", "--filter", f"ancestor={line}").split():
+                buildah("rm", container)
+            buildah("rmi", line)
+    for archive in (cache / "oci").glob("operator-*.oci.tar"):
+        if archive.name != f"operator-{keep.rsplit(':', 1)[1]}.oci.tar":
+            archive.unlink()
+    buildah("rmi", "--prune")
+
+
+def image_rootfs(buildah: Buildah, image: BuiltImage) -> tuple[str, Path]:
+    """A working container of the image, kept across runs (vfs copies the layers once, ~5 s), and its
+    mounted root filesystem."""
+    container = f"cuda-agent-operator-{image.key}"
+    if not buildah.exists("container", container):
+        buildah("from", "--pull=never", "--name", container, image.name)
+    return container, Path(buildah("mount", container))
+
+
+# The pod the chart runs the operator in, reproduced with util-linux and coreutils: a private mount and
+# pid namespace, the image's root bind-mounted read-only, /tmp a small tmpfs (the chart's emptyDir), a
+# minimal /dev, no_new_privs set, then chroot switches to the image's USER (all capabilities go with root).
+RESTRICTED = r"""
+set -e
+root=$1 user=$2 workdir=$3; shift 3
+mount --make-rprivate /
+mount --bind "$root" "$root"
+mount -o remount,bind,ro,nosuid,nodev "$root"
+mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
+mount -t tmpfs -o size=64m,mode=1777,nosuid,nodev tmpfs "$root/tmp"
+mount -t tmpfs -o size=1m,mode=0755,nosuid tmpfs "$root/dev"
+for node in null zero full random urandom; do
+  : > "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"
+done
+exec setpriv --no-new-privs chroot --userspec="$user" --groups="${user#*:}" "$root" \
+  /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"
+"""
+
+
+def run_restricted(rootfs: Path, image: BuiltImage, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """`argv` in the image as a restricted pod runs it: the image's USER and environment, read-only
+    root, no privilege escalation, no capabilities. Needs root on the host (namespaces, mounts)."""
+    user = image.user if ":" in image.user else f"{image.user}:{image.user}"
+    command = ["unshare", "--mount", "--pid", "--fork", "/bin/sh", "-c", RESTRICTED, "restricted"]
+    return subprocess.run(
+        [*command, str(rootfs), user, image.workdir, *argv],
+        env=image.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def check(image: BuiltImage) -> None:
+    """The image's entry point starts, as its non-root USER, both under `buildah run` and restricted."""
+    buildah = Buildah(cache_dir())
+    container, rootfs = image_rootfs(buildah, image)
+    uid = buildah("run", container, "--", "python", "-c", "import os; print(os.getuid())")
+    if uid == "0":
+        raise RuntimeError(f"{image.name} runs as root")
+    log(f"buildah run: uid {uid}")
+    proc = run_restricted(rootfs, image, [*image.entrypoint, "--help"])
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(image.entrypoint)} --help failed:\n{proc.stdout}{proc.stderr}")
+    log(f"read-only root, no_new_privs, user {image.user}: {shlex.join(image.entrypoint)} --help starts")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--no-check", action="store_true", help="build only; do not start the entry point")
+    args = parser.parse_args(argv)
+    try:
+        image = build_operator()
+    except MissingTool as error:
+        print(f"images: {error}", file=sys.stderr)
+        return 2
+    log(
+        f"{image.name} ({'built' if image.built else 'cached'}; "
+        + ", ".join(f"{step} {s:.0f} s" for step, s in image.seconds.items())
+        + f") -> {image.archive} ({image.archive.stat().st_size / 2**20:.0f} MiB, ref {OPERATOR_NAME})"
+    )
+    if not args.no_check:
+        check(image)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
