@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dockerfile_parse import DockerfileParser
+
 REPO = Path(__file__).resolve().parents[1]
 OPERATOR_DOCKERFILE = REPO / "images" / "operator" / "Dockerfile"
 # The chart's image name (charts/cuda-agent/values.yaml images.operator), also the archive's ref name.
@@ -182,8 +184,6 @@ def base_image(buildah: Buildah, cache: Path) -> str:
 
 def copied_sources(dockerfile: Path) -> list[str]:
     """Every build-context path the Dockerfile COPYs (not the stage-to-stage ones)."""
-    from dockerfile_parse import DockerfileParser
-
     sources: list[str] = []
     for step in DockerfileParser(str(dockerfile)).structure:
         if step["instruction"] != "COPY":
