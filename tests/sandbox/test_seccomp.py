@@ -208,9 +208,9 @@ USERNS_PROFILE = PROFILE.with_name("sandbox-userns.json")
 LAUNCHER_NAMESPACES = (
     launcher.CLONE_NEWUSER | launcher.CLONE_NEWPID | launcher.CLONE_NEWIPC | launcher.CLONE_NEWNS
 ) | launcher.CLONE_NEWNET
-LAUNCHER_MOUNT_FLAGS = (
-    launcher.MS_RDONLY | launcher.MS_NOSUID | launcher.MS_NODEV | launcher.MS_NOEXEC
-) | (launcher.MS_BIND | launcher.MS_REC | launcher.MS_PRIVATE)
+LAUNCHER_MOUNT_FLAGS = (launcher.MS_RDONLY | launcher.MS_NOSUID | launcher.MS_NODEV | launcher.MS_NOEXEC) | (
+    launcher.MS_BIND | launcher.MS_REC | launcher.MS_PRIVATE
+)
 
 
 def _only_bits(index: int, allowed: int) -> dict[str, int | str]:
@@ -314,7 +314,8 @@ for rule in profile["syscalls"]:
     if act == default:
         continue
     args = rule.get("args") or []
-    array = (Arg * max(1, len(args)))(*[Arg(a["index"], OPS[a["op"]], a["value"], a.get("valueTwo", 0)) for a in args])
+    cmps = [Arg(a["index"], OPS[a["op"]], a["value"], a.get("valueTwo", 0)) for a in args]
+    array = (Arg * max(1, len(args)))(*cmps)
     for name in rule["names"]:
         nr = lib.seccomp_syscall_resolve_name(name.encode())
         if nr < 0:
@@ -341,7 +342,9 @@ print(json.dumps({
 """
 
 
-def _launch_under_profile(profile: Path, agent_filter: bool, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _launch_under_profile(
+    profile: Path, agent_filter: bool, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
     """The agent command's launcher spec of restricted mode with user namespaces (isolation.agent_spec:
     five namespaces, a private /tmp bound from the session, a tmpfs mask, a read-only tmpfs over a
     device directory, its own /proc) under the pod profile `profile`."""

@@ -82,6 +82,19 @@ class SeccompProfileType(StrEnum):
     LOCALHOST = "Localhost"
 
 
+class UserNamespaces(StrEnum):
+    """Whether the sandbox pods run in a user namespace of their own, so the server can give every agent
+    command its own PID, IPC, mount and network namespaces (docs/sandbox.md, "restricted mode")."""
+
+    DISABLED = "Disabled"
+    REQUIRED = "Required"
+
+
+# The profile the Helm chart installs beside sandbox.json for userNamespaces: Required (the base profile
+# plus unshare of the five namespaces the launcher creates, and mount with the flags it uses).
+USERNS_PROFILE_NAME = "sandbox-userns.json"
+
+
 class Autoscaling(ApiModel):
     """Queue-depth autoscaling: the operator sets spec.replicas to keep sessions per replica near the
     target, within [minReplicas, maxReplicas]."""
@@ -174,7 +187,33 @@ class SecuritySpec(ApiModel):
     """Isolation of the sandbox pods beyond the restricted Pod Security profile, which the operator
     always applies."""
 
+    cel_rules = (
+        # RuntimeDefault profiles refuse unshare without CAP_SYS_ADMIN, which a restricted pod never has:
+        # the server would refuse to start (--user-namespaces on) on every node.
+        CelRule(
+            "self.userNamespaces != 'Required' || self.seccompProfile.type == 'Localhost'",
+            "spec.security.userNamespaces Required needs spec.security.seccompProfile type Localhost, naming "
+            f"a profile that permits the sandbox's namespaces (the chart installs {USERNS_PROFILE_NAME})",
+            field_path=".seccompProfile.type",
+            check=lambda s: (
+                s.user_namespaces != UserNamespaces.REQUIRED
+                or s.seccomp_profile.type == SeccompProfileType.LOCALHOST
+            ),
+        ),
+    )
+
     seccomp_profile: SeccompProfile = section(SeccompProfile, "Seccomp profile of the sandbox containers.")
+    user_namespaces: UserNamespaces = Field(
+        default=UserNamespaces.DISABLED,
+        description="Required: the pods run with hostUsers false (their uids map to unprivileged ones on "
+        "the node) and an unmasked /proc, and the server gives every agent command its own PID, IPC, "
+        "mount and network namespaces, refusing to start where it cannot. Needs a Localhost seccomp profile "
+        f"that permits them ({USERNS_PROFILE_NAME}), nodes with user namespace support (Kubernetes 1.33+, "
+        "containerd 2.0+ or CRI-O 1.25+, Linux 6.3+), and a namespace enforcing Pod Security baseline "
+        "(restricted refuses an unmasked /proc even in a user namespace; the pods meet every other "
+        "restricted rule). Disabled: the pods share the node's users, and the server uses such "
+        "namespaces only where the profile allows them.",
+    )
     runtime_class_name: str | None = Field(
         default=None,
         max_length=MAX_NAME,
@@ -258,7 +297,7 @@ class SandboxPoolSpec(ApiModel):
         description="Sandbox server image built from sandbox_image/, e.g. registry/cuda-agent-sandbox:0.1.0 "
         "([registry[:port]/]path[:tag][@digest]).",
     )
-    security: SecuritySpec = section(SecuritySpec, "Seccomp profile and runtime class.")
+    security: SecuritySpec = section(SecuritySpec, "Seccomp profile, runtime class and user namespaces.")
     limits: LimitsSpec = section(LimitsSpec, "Per-session time, memory, process and disk limits.")
     telemetry: TelemetrySpec = section(TelemetrySpec, "Trace export (off: no egress at all).")
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, mebibytes
+from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, UserNamespaces, mebibytes
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.manifests import owner_reference, with_hash
@@ -74,7 +74,14 @@ def server_config(spec: SandboxPoolSpec) -> dict[str, Any]:
         # One judge process builds once, then verifies and profiles (each a run).
         "judge_timeout_s": float(spec.limits.build_timeout_seconds + 2 * run_timeout),
         "agent_limits": {"processes": spec.limits.pids},
+        **_user_namespace_config(spec),
     }
+
+
+def _user_namespace_config(spec: SandboxPoolSpec) -> dict[str, str]:
+    """A pool that requires user namespaces makes the server refuse to start without them (a visible
+    crash loop, not a silent fallback to shared /proc and /dev/shm); they exist in restricted mode only."""
+    return {"isolation": "restricted", "user_namespaces": "on"} if _user_namespaced(spec) else {}
 
 
 def judge_configmap(pool: PoolIdentity, spec: SandboxPoolSpec, judge_files: Mapping[str, str]) -> Manifest:
@@ -201,6 +208,17 @@ def _seccomp(spec: SandboxPoolSpec) -> dict[str, str]:
     return {"type": "RuntimeDefault"}
 
 
+def _user_namespaced(spec: SandboxPoolSpec) -> bool:
+    return spec.security.user_namespaces == UserNamespaces.REQUIRED
+
+
+def _proc_mount(spec: SandboxPoolSpec) -> dict[str, str]:
+    """The runtime masks parts of a container's /proc, and the kernel refuses a new proc mount (the PID
+    namespace's own /proc the launcher mounts) wherever /proc is partly covered. Unmasked is valid only
+    with hostUsers false, where the pod's user namespace keeps it from reaching the node's /proc files."""
+    return {"procMount": "Unmasked"} if _user_namespaced(spec) else {}
+
+
 def _state_size(spec: SandboxPoolSpec) -> str:
     """Every session's workspace quota, plus 2 GiB of build caches."""
     return f"{mebibytes(spec.limits.workspace_size) * max_sessions(spec) + 2048}Mi"
@@ -263,6 +281,7 @@ def _container(spec: SandboxPoolSpec) -> dict[str, Any]:
             "runAsUser": SANDBOX_UID,
             "runAsGroup": SANDBOX_UID,
             "seccompProfile": _seccomp(spec),
+            **_proc_mount(spec),
         },
         "volumeMounts": [
             {"name": "state", "mountPath": STATE_DIR},
@@ -313,6 +332,8 @@ def statefulset(
         pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: spec.gpu.product}
     if spec.security.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.security.runtime_class_name
+    if _user_namespaced(spec):
+        pod_spec["hostUsers"] = False  # uid 65532 inside maps to an unprivileged uid range on the node
     return with_hash(
         {
             "apiVersion": "apps/v1",
