@@ -3,7 +3,9 @@ step, and train-step tokens/s at 131,072 tokens against plain Hugging Face + chu
 
   ours      PolicyActor.train_ppo (cuda_agent.trainer.roles): hidden states -> fp32 log-probs in
             checkpointed chunks, selective activation checkpointing that keeps attention outputs, clip-higher
-            PPO loss, AdamW step. Variants: SDPA auto and cuDNN attention.
+            PPO loss, AdamW step. Variants: SDPA auto and cuDNN attention (--backends); every layer
+            checkpointed or spec.trainer.checkpointedLayers absent, the fewest checkpointed layers that
+            fit the GPU's free memory (--checkpointing all,auto).
   baseline  the same Qwen2 model from transformers with its own gradient checkpointing (whole layers
             recomputed), hidden states -> logits + the same PPO loss in checkpointed chunks of 8,192 tokens,
             AdamW step: "plain HF + chunked loss" of ../shared/MEASUREMENTS.md.
@@ -61,8 +63,13 @@ def episode(length: int, vocab: int) -> Episode:
     return e
 
 
-def ours(model: str, length: int, steps: int, backend: str) -> dict[str, Any]:
-    spec = run_spec(microBatchTokens=length, logitsChunkTokens=CHUNK, attentionBackend=backend)
+LAYERS: dict[str, dict[str, Any]] = {"all": {"checkpointedLayers": 1000}, "auto": {}}
+
+
+def ours(model: str, length: int, steps: int, backend: str, layers: str = "all") -> dict[str, Any]:
+    spec = run_spec(
+        microBatchTokens=length, logitsChunkTokens=CHUNK, attentionBackend=backend, **LAYERS[layers]
+    )
     set_attention_backend(spec.trainer)
     lm = make_lm(model, length, attention_implementation(spec.trainer))
     enable_checkpointing(lm, spec.trainer)
@@ -73,7 +80,7 @@ def ours(model: str, length: int, steps: int, backend: str) -> dict[str, Any]:
     for _ in range(steps):
         seconds, _ = timed(lambda: actor.train_ppo(episodes, [[0]]))
         times.append(seconds)
-    return {"actor": actor, "times": times}
+    return {"actor": actor, "times": times, "checkpointed": actor.layer_plan.count}
 
 
 def baseline(model: str, length: int, steps: int) -> dict[str, Any]:
@@ -143,6 +150,7 @@ def attempt(label: str, fn: Any, length: int, rows: list[dict[str, Any]]) -> dic
             "step_s": [round(t, 2) for t in result["times"]],
             "tokens_per_s": round(length / best),
             "peak_gib": round(peak_gib(), 1),
+            **({"checkpointed": result["checkpointed"]} if "checkpointed" in result else {}),
         }
     )
     print(json.dumps(rows[-1]), flush=True)
@@ -158,6 +166,8 @@ def main() -> int:
     parser.add_argument(
         "--backends", default="auto,cudnn", help="spec.trainer.attentionBackend values to compare"
     )
+    parser.add_argument("--checkpointing", default="all", help="all and/or auto (checkpointed layers)")
+    parser.add_argument("--no-sync", action="store_true", help="skip the weight-sync measurement")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
@@ -165,11 +175,19 @@ def main() -> int:
 
     attempt("baseline HF + chunked loss", lambda: baseline(args.model, n, args.steps), n, rows)
     for backend in args.backends.split(","):
-        attempt(f"ours (attention {backend})", lambda b=backend: ours(args.model, n, args.steps, b), n, rows)
-        restore_sdpa()
+        for layers in args.checkpointing.split(","):
+            attempt(
+                f"ours (attention {backend}, checkpointed {layers})",
+                lambda b=backend, c=layers: ours(args.model, n, args.steps, b, c),
+                n,
+                rows,
+            )
+            restore_sdpa()
     ok = [r for r in rows if r["status"] == "ok" and r["run"].startswith("ours") and r["tokens"] == n]
     best_backend = (
-        max(ok, key=lambda r: r["tokens_per_s"])["run"][len("ours (attention ") : -1] if ok else "auto"
+        max(ok, key=lambda r: r["tokens_per_s"])["run"][len("ours (attention ") :].split(",")[0]
+        if ok
+        else "auto"
     )
     # The longest first: a length that trains needs no shorter one tried.
     longest = 0
@@ -182,25 +200,29 @@ def main() -> int:
             break
 
     # Weight sync of the policy into a rollout copy on the same device.
-    reset_memory()
-    result = ours(args.model, 4096, 1, "auto")
-    actor = result["actor"]
-    rollout = make_lm(args.model, 4096).eval()
+    sync_row: dict[str, Any] = {"run": "weight sync", "status": "not run (--no-sync)"}
+    if not args.no_sync:
+        reset_memory()
+        result = ours(args.model, 4096, 1, "auto")
+        actor = result["actor"]
+        rollout = make_lm(args.model, 4096).eval()
 
-    class Receiver:
-        def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-            load_bucket(rollout, bucket)
+        class Receiver:
+            def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+                load_bucket(rollout, bucket)
 
-    syncs = [timed(lambda: sync_weights(actor.weight_buckets(512 << 20), Receiver()))[1] for _ in range(3)]
-    for name, p in rollout.named_parameters():
-        assert torch.equal(p, dict(actor.module.lm.named_parameters())[name]), name
-    sync_row = {
-        "run": "weight sync",
-        "seconds": [round(s["weight_sync_s"], 3) for s in syncs],
-        "buckets": syncs[-1]["weight_sync_buckets"],
-        "gb": round(syncs[-1]["weight_sync_gb"], 2),
-    }
-    rows.append(sync_row)
+        syncs = [
+            timed(lambda: sync_weights(actor.weight_buckets(512 << 20), Receiver()))[1] for _ in range(3)
+        ]
+        for name, p in rollout.named_parameters():
+            assert torch.equal(p, dict(actor.module.lm.named_parameters())[name]), name
+        sync_row = {
+            "run": "weight sync",
+            "seconds": [round(s["weight_sync_s"], 3) for s in syncs],
+            "buckets": syncs[-1]["weight_sync_buckets"],
+            "gb": round(syncs[-1]["weight_sync_gb"], 2),
+        }
+        rows.append(sync_row)
 
     base = next((r for r in rows if r["run"].startswith("baseline") and r["status"] == "ok"), None)
     best = max(ok, key=lambda r: r["tokens_per_s"]) if ok else None
@@ -214,12 +236,15 @@ def main() -> int:
     rows.append(summary)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "long_context.json").write_text(json.dumps(rows, indent=1))
-    print("\n| run | tokens | status | step s | tokens/s | peak GiB |\n|---|---|---|---|---|---|")
+    print(
+        "\n| run | tokens | status | step s | tokens/s | peak GiB | checkpointed layers |"
+        "\n|---|---|---|---|---|---|---|"
+    )
     for r in rows:
         if "tokens" in r:
             print(
                 f"| {r['run']} | {r['tokens']:,} | {r['status']} | {r.get('step_s', '')} "
-                f"| {r.get('tokens_per_s', '')} | {r['peak_gib']} |"
+                f"| {r.get('tokens_per_s', '')} | {r['peak_gib']} | {r.get('checkpointed', '')} |"
             )
     print(json.dumps(sync_row))
     print(json.dumps(summary))

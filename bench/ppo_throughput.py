@@ -3,13 +3,17 @@ one GPU: cuda_agent.trainer's roles against a plain Hugging Face implementation 
 model shape, batch and GPU, same run.
 
   ours      ppo_step (cuda_agent.trainer.step) on PolicyActor / ValueCritic / Reference: log-probs,
-            entropy and values from hidden states in checkpointed fp32 chunks, selective checkpointing
-            that keeps attention outputs, micro-batches packed by a token budget.
+            entropy and values from hidden states in checkpointed fp32 chunks, micro-batches packed by a
+            token budget, right-padded micro-batches fed without an attention mask (causal attention never
+            reaches the padding). Variants (--variants):
+              masked-all  every layer checkpointed, attention mask passed: the trainer before 2026-12-01
+              all         every layer checkpointed (selective: attention outputs kept)
+              auto        spec.trainer.checkpointedLayers absent: the fewest checkpointed layers that fit
+                          the GPU's free memory, chosen before each training micro-batch
   baseline  the models' own forward (full [tokens x vocab] logits, then fp32 log-softmax), transformers'
-            gradient checkpointing, the same micro-batches; GAE and the loss formulas are the shared ones
-            from cuda_agent.trainer.ppo (they are not what differs).
-TRL / OpenRLHF are not compared: their wheels (and TRL's datasets stack) are not on the GPU host and
-were not carried.
+            gradient checkpointing, the same micro-batches with their attention masks; GAE and the loss
+            formulas are the shared ones from cuda_agent.trainer.ppo (they are not what differs).
+TRL / OpenRLHF are not compared (docs/performance.md says why).
 
   PYTHONPATH=platform:trainer:sandbox_image python3 bench/ppo_throughput.py [--model 0.5b] [--out DIR]
 """
@@ -32,9 +36,16 @@ from _trainer_common import device, is_oom, peak_gib, qwen2_config, reset_memory
 
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.trainer import ppo
-from cuda_agent.trainer.experience import collate, episode_from_trajectory, gather, pack_micro_batches
+from cuda_agent.trainer.experience import (
+    MicroBatch,
+    collate,
+    episode_from_trajectory,
+    gather,
+    pack_micro_batches,
+)
 from cuda_agent.trainer.models import Critic, Policy, enable_checkpointing, set_attention_backend
 from cuda_agent.trainer.roles import PolicyActor, Reference, ValueCritic
+from cuda_agent.trainer.sequence_parallel import ModelInputs, WholeSequence
 from cuda_agent.trainer.step import compute_advantages, ppo_step
 
 
@@ -72,8 +83,26 @@ def build(model: str, max_len: int, critic: bool) -> Any:
         )
 
 
-def ours(model: str, batch: list[Trajectory], budget: int, steps: int, backend: str) -> list[float]:
-    spec = run_spec(microBatchTokens=budget, logitsChunkTokens=8192, attentionBackend=backend)
+class MaskedWholeSequence(WholeSequence):
+    """The trainer's layout before 2026-12-01: padded micro-batches carry their attention mask."""
+
+    def inputs(self, batch: MicroBatch) -> ModelInputs:
+        return ModelInputs(batch.input_ids, batch.attention_mask)
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "masked-all": {"checkpointedLayers": 1000},
+    "all": {"checkpointedLayers": 1000},
+    "auto": {},
+}
+
+
+def ours(
+    model: str, batch: list[Trajectory], budget: int, steps: int, backend: str, variant: str
+) -> dict[str, Any]:
+    spec = run_spec(
+        microBatchTokens=budget, logitsChunkTokens=8192, attentionBackend=backend, **VARIANTS[variant]
+    )
     set_attention_backend(spec.trainer)
     max_len = max(len(t.token_ids) for t in batch)
     lm, ref, backbone = (
@@ -86,10 +115,18 @@ def ours(model: str, batch: list[Trajectory], budget: int, steps: int, backend: 
     actor = PolicyActor(spec, device(), Policy(lm, 8192))
     critic = ValueCritic(spec, device(), Critic(backbone, backbone.config.hidden_size).to(device()))
     reference = Reference(spec, device(), Policy(ref, 8192))
-    return [
-        timed(lambda s=s: ppo_step(batch, actor, critic, reference, spec, step_seed=s))[0]
-        for s in range(steps)
-    ]
+    if variant.startswith("masked"):
+        for role in (actor, critic, reference):
+            role.layout = MaskedWholeSequence()
+    chosen: list[list[int]] = []
+
+    def step(seed: int) -> None:
+        ppo_step(batch, actor, critic, reference, spec, step_seed=seed)
+        chosen.append([actor.layer_plan.count, critic.layer_plan.count])
+
+    times = [timed(lambda s=s: step(s))[0] for s in range(steps)]
+    # checkpointed layers (actor, critic) after each step's last micro-batch
+    return {"times": times, "checkpointed_layers": chosen}
 
 
 def baseline(model: str, batch: list[Trajectory], budget: int, steps: int) -> list[float]:
@@ -165,7 +202,7 @@ def baseline(model: str, batch: list[Trajectory], budget: int, steps: int) -> li
         critic_opt.step()
         critic_opt.zero_grad(set_to_none=True)
 
-    return [timed(lambda s=s: step(s))[0] for s in range(steps)]
+    return {"times": [timed(lambda s=s: step(s))[0] for s in range(steps)]}
 
 
 def main() -> int:
@@ -176,6 +213,8 @@ def main() -> int:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--budget", type=int, default=32_768, help="micro-batch token budget (both)")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--variants", default="masked-all,all,auto", help=", ".join(VARIANTS))
+    parser.add_argument("--backends", default="auto", help="spec.trainer.attentionBackend values")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     vocab = qwen2_config(args.model, 16).vocab_size
@@ -184,15 +223,20 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     runs = [("baseline plain HF", lambda b: baseline(args.model, batch, b, args.steps))]
     runs += [
-        (f"ours (attention {k})", lambda b, k=k: ours(args.model, batch, b, args.steps, k))
-        for k in (["auto", "cudnn"] if torch.cuda.is_available() else ["auto"])
+        (
+            f"ours ({v}, attention {k})",
+            lambda b, k=k, v=v: ours(args.model, batch, b, args.steps, k, v),
+        )
+        for v in args.variants.split(",")
+        for k in args.backends.split(",")
     ]
     for label, fn in runs:
         budget = args.budget
         while True:
             reset_memory()
             try:
-                times = fn(budget)
+                result = fn(budget)
+                times = result["times"]
                 rows.append(
                     {
                         "run": label,
@@ -200,6 +244,11 @@ def main() -> int:
                         "step_s": [round(x, 2) for x in times],
                         "tokens_per_s": round(tokens / min(times)),
                         "peak_gib": round(peak_gib(), 1),
+                        **(
+                            {"checkpointed": result["checkpointed_layers"]}
+                            if "checkpointed_layers" in result
+                            else {}
+                        ),
                     }
                 )
                 break
@@ -219,18 +268,23 @@ def main() -> int:
         "model": args.model,
         "episodes": args.episodes,
         "tokens_per_step": tokens,
+        "best": best["run"],
         "ratio": round(best["tokens_per_s"] / base["tokens_per_s"], 3),
     }
     rows.append(summary)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ppo_throughput.json").write_text(json.dumps(rows, indent=1))
-    print("\n| run | micro-batch tokens | step s | tokens/s | peak GiB |\n|---|---|---|---|---|")
+    print(
+        "\n| run | micro-batch tokens | step s | tokens/s | vs baseline | peak GiB | checkpointed |"
+        "\n|---|---|---|---|---|---|---|"
+    )
     for r in rows[:-1]:
+        ratio = f"{r['tokens_per_s'] / base['tokens_per_s']:.3f}" if "tokens_per_s" in r else ""
         print(
             f"| {r['run']} | {r['budget']} | {r.get('step_s', 'OOM')} | {r.get('tokens_per_s', '')} "
-            f"| {r.get('peak_gib', '')} |"
+            f"| {ratio} | {r.get('peak_gib', '')} | {r.get('checkpointed', '')} |"
         )
-    print(json.dumps(summary))
+    print(json.dumps(summary), flush=True)
     return 0
 
 

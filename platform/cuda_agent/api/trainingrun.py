@@ -395,6 +395,15 @@ class TrainerSpec(ApiModel):
     activation_checkpointing: StrictBool = Field(
         default=True, description="Recompute decoder-layer activations in the backward pass."
     )
+    checkpointed_layers: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        le=100_000,
+        description="How many decoder layers (the first N) recompute their activations in the backward "
+        "pass; 0 = none, more than the model has = all. Absent: chosen before each training micro-batch "
+        "from its tokens, the model's activation bytes per token and layer, and the GPU's free memory "
+        "(the fewest that fit; all on CPU). Only with activationCheckpointing.",
+    )
     save_attention_outputs: StrictBool = Field(
         default=True,
         description="Selective activation checkpointing: keep each layer's attention output (O(tokens) "

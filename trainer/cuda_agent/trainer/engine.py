@@ -135,6 +135,19 @@ class TrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
+    def pending_bytes(self) -> int:
+        """Device bytes the next backward and optimizer step will still allocate: gradients not yet there
+        and, before the first step, plain AdamW's two moments (DeepSpeed allocates its own at start)."""
+        if self._ds is not None:
+            return 0
+        total = 0
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                size = p.numel() * p.element_size()
+                total += size if p.grad is None else 0
+                total += 2 * size if p not in self.optimizer.state else 0
+        return total
+
     def train(self, mode: bool = True) -> None:
         self.module.train(mode)
 

@@ -6,18 +6,17 @@ Forward passes return hidden states, never full logits: `chunked` turns them int
 
 from __future__ import annotations
 
-import functools
 import tempfile
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, PreTrainedModel
 
 from cuda_agent.api.trainingrun import ModelSource, TrainerSpec
 from cuda_agent.storage import StorageConfig, open_store, parse_uri
+from cuda_agent.trainer.checkpointing import enable_checkpointing as enable_checkpointing
 from cuda_agent.trainer.chunked import token_logprobs
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -54,32 +53,6 @@ def load_pretrained(auto: Any, source: ModelSource, uri: str, spec: TrainerSpec)
         )
     model.config.use_cache = False
     return cast(PreTrainedModel, model)
-
-
-def _attention_ops() -> frozenset[Any]:
-    names = (
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-    )
-    return frozenset(getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n))
-
-
-def _keep_attention(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _attention_ops() else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def enable_checkpointing(model: PreTrainedModel, spec: TrainerSpec) -> None:
-    """Recompute each decoder layer in the backward pass; with save_attention_outputs, all of it but the
-    attention kernel, whose output is kept: at 131k tokens attention is most of a layer's time and its
-    output only tokens x hidden."""
-    if not spec.activation_checkpointing:
-        return
-    kwargs: dict[str, Any] = {"use_reentrant": False}
-    if spec.save_attention_outputs:
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_attention)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[no-untyped-call]
 
 
 EXPANDED_KV_SDPA = "cuda_agent_sdpa"

@@ -16,6 +16,7 @@ from torch import nn
 
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.trainer import ppo
+from cuda_agent.trainer.checkpointing import LayerPlan
 from cuda_agent.trainer.engine import TrainEngine
 from cuda_agent.trainer.experience import Episode, MicroBatch, collate, gather, pack_micro_batches, scatter
 from cuda_agent.trainer.models import Policy, build_critic, build_policy, build_reference
@@ -113,6 +114,7 @@ class PolicyActor:
             warmup_steps=t.lr_warmup_steps,
             sequence_parallel=spec.resources.sequence_parallel_size > 1,
         )
+        self.layer_plan = LayerPlan(self.engine.module, t, t.logits_chunk_tokens)
 
     @property
     def module(self) -> nn.Module:
@@ -122,6 +124,8 @@ class PolicyActor:
         """Log-probs and entropy of this rank's positions (a slice of each sequence under sequence
         parallelism)."""
         x = self.layout.inputs(batch)
+        if torch.is_grad_enabled():
+            self.layer_plan.before_forward(x.input_ids.numel(), self.engine.pending_bytes())
         logp, entropy = self.engine.forward(x.input_ids, x.attention_mask, x.position_ids, x.targets)
         return logp, entropy
 
@@ -238,10 +242,13 @@ class ValueCritic:
             warmup_steps=t.lr_warmup_steps,
             sequence_parallel=spec.resources.sequence_parallel_size > 1,
         )
+        self.layer_plan = LayerPlan(self.engine.module, t, 0)
 
     def _values(self, batch: MicroBatch) -> torch.Tensor:
         """Values of this rank's action positions (aligned with layout.local)."""
         x = self.layout.inputs(batch)
+        if torch.is_grad_enabled():
+            self.layer_plan.before_forward(x.input_ids.numel(), self.engine.pending_bytes())
         values: torch.Tensor = self.engine.forward(x.input_ids, x.attention_mask, x.position_ids)
         return self.layout.action_values(values)
 

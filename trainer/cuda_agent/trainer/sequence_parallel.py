@@ -62,7 +62,9 @@ class WholeSequence:
         return None
 
     def inputs(self, batch: MicroBatch) -> ModelInputs:
-        return ModelInputs(batch.input_ids, batch.attention_mask)
+        """No attention mask: padding is on the right, so under causal attention no real token attends to
+        it; a mask would make transformers build a [b, 1, L, L] one and SDPA take a slower masked kernel."""
+        return ModelInputs(batch.input_ids, None)
 
     def local(self, per_position: torch.Tensor) -> torch.Tensor:
         return per_position
