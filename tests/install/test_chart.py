@@ -23,6 +23,7 @@ from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.storage.config import StorageConfig
 
 PROFILE = REPO / "sandbox_image" / "seccomp" / "sandbox.json"
+USERNS_PROFILE = PROFILE.with_name("sandbox-userns.json")
 SPO_API = "security-profiles-operator.x-k8s.io/v1beta1/SeccompProfile"
 EVERYTHING = ("--set", "minio.enabled=true", "--set", "telemetry.collector.enabled=true")
 
@@ -81,6 +82,7 @@ def test_seccomp_daemonset_installs_the_sandbox_profile(helm: Helm) -> None:
     objects = helm.template()
     config_map = find(objects, "ConfigMap", "-seccomp")
     assert json.loads(config_map["data"]["sandbox.json"]) == json.loads(PROFILE.read_text())
+    assert json.loads(config_map["data"]["sandbox-userns.json"]) == json.loads(USERNS_PROFILE.read_text())
     daemonset = find(objects, "DaemonSet", "-seccomp")
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
@@ -98,15 +100,16 @@ def test_security_profiles_operator_gets_the_same_profile_when_served(helm: Helm
     assert not [
         o for o in objects if o["kind"] in ("DaemonSet", "ConfigMap") and "seccomp" in o["metadata"]["name"]
     ]
-    spec = find(objects, "SeccompProfile")["spec"]
-    profile = json.loads(PROFILE.read_text())
-    assert spec["defaultAction"] == profile["defaultAction"]
-    assert profile["defaultErrnoRet"] == 1  # SPO has no defaultErrnoRet; EPERM is its default
-    assert spec["architectures"] == profile["architectures"]
-    expected = [
-        {key: value for key, value in rule.items() if key != "comment"} for rule in profile["syscalls"]
-    ]
-    assert spec["syscalls"] == expected
+    for suffix, path in (("-sandbox", PROFILE), ("-sandbox-userns", USERNS_PROFILE)):
+        spec = find(objects, "SeccompProfile", suffix)["spec"]
+        profile = json.loads(path.read_text())
+        assert spec["defaultAction"] == profile["defaultAction"]
+        assert profile["defaultErrnoRet"] == 1  # SPO has no defaultErrnoRet; EPERM is its default
+        assert spec["architectures"] == profile["architectures"]
+        expected = [
+            {key: value for key, value in rule.items() if key != "comment"} for rule in profile["syscalls"]
+        ]
+        assert spec["syscalls"] == expected
     pool = find(objects, "SandboxPool", "pool")
     assert pool["spec"]["security"]["seccompProfile"] == {
         "type": "Localhost",
@@ -118,28 +121,34 @@ def test_seccomp_installer_script_writes_the_profile_and_stops_on_sigterm(helm: 
     """The DaemonSet's own shell script, run here with its two paths pointed at a temp dir."""
     container = find(helm.template(), "DaemonSet", "-seccomp")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
-    source, target_dir = tmp_path / "profile" / "sandbox.json", tmp_path / "host" / "seccomp" / "cuda-agent"
-    source.parent.mkdir()
-    source.write_text(PROFILE.read_text())
+    source, target_dir = tmp_path / "profile", tmp_path / "host" / "seccomp" / "cuda-agent"
+    source.mkdir()
+    for profile in (PROFILE, USERNS_PROFILE):
+        (source / profile.name).write_text(profile.read_text())
     (target_dir / "sandbox.json").parent.mkdir(parents=True)
     (target_dir / "sandbox.json").write_text("{}")  # an old profile is replaced
     proc = subprocess.Popen(
         container["command"],
-        env={"PATH": os.environ["PATH"], "PROFILE_SOURCE": str(source), "PROFILE_DIR": str(target_dir)},
+        env={"PATH": os.environ["PATH"], "PROFILE_SOURCE_DIR": str(source), "PROFILE_DIR": str(target_dir)},
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group: whatever it started goes with it below
     )
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == f"installed {target_dir}/sandbox.json"
-        assert (target_dir / "sandbox.json").read_text() == PROFILE.read_text()
-        assert sorted(p.name for p in target_dir.iterdir()) == ["sandbox.json"]
+        installed = [proc.stdout.readline().strip() for _ in range(2)]
+        names = ["sandbox-userns.json", "sandbox.json"]
+        assert installed == [f"installed {target_dir}/{name}" for name in names]
+        for profile in (PROFILE, USERNS_PROFILE):
+            assert (target_dir / profile.name).read_text() == profile.read_text()
+        assert sorted(p.name for p in target_dir.iterdir()) == names
         probe = [
-            arg.replace(env["PROFILE_SOURCE"], str(source)).replace(env["PROFILE_DIR"], str(target_dir))
+            arg.replace(env["PROFILE_SOURCE_DIR"], str(source)).replace(env["PROFILE_DIR"], str(target_dir))
             for arg in container["readinessProbe"]["exec"]["command"]
         ]
         assert subprocess.run(probe, check=False).returncode == 0
+        (target_dir / "sandbox-userns.json").write_text("{}")  # a profile changed on the node: not ready
+        assert subprocess.run(probe, check=False).returncode == 1
         proc.send_signal(signal.SIGTERM)
         assert wait_for(lambda: proc.poll() is not None, "the installer to exit on SIGTERM", timeout=10)
         assert proc.returncode == 0
@@ -261,6 +270,11 @@ def test_sandbox_pools_from_values_are_valid_specs(helm: Helm) -> None:
     for spec in specs.values():
         assert spec.image == "ghcr.io/cuda-agent/sandbox:0.1.0"
         assert spec.security.seccomp_profile.localhost_profile == "cuda-agent/sandbox.json"
+    # A pool requiring user namespaces gets the profile variant that permits them.
+    required = "sandboxPools[0].spec.security.userNamespaces=Required"
+    userns = ("--set", "sandboxPools[0].name=u", "--set", required)
+    spec = SandboxPoolSpec.model_validate(find(helm.template(*userns), "SandboxPool")["spec"])
+    assert spec.security.seccomp_profile.localhost_profile == "cuda-agent/sandbox-userns.json"
     # A pool that names its own profile keeps it as written.
     own = "sandboxPools[0].spec.security.seccompProfile.type=RuntimeDefault"
     objects = helm.template("--set", "sandboxPools[0].name=p", "--set", own)

@@ -130,6 +130,15 @@ cuda-agent/sandbox.json
 {{- end -}}
 {{- end -}}
 
+{{/* The same for the user-namespace variant, named by pools with spec.security.userNamespaces: Required. */}}
+{{- define "cuda-agent.seccompUsernsLocalhostProfile" -}}
+{{- if eq (include "cuda-agent.seccompMode" .) "securityProfilesOperator" -}}
+{{- printf "operator/%s/%s-sandbox-userns.json" .Release.Namespace (include "cuda-agent.fullname" .) -}}
+{{- else -}}
+cuda-agent/sandbox-userns.json
+{{- end -}}
+{{- end -}}
+
 {{/* The restricted Pod Security container context every long-running container of the chart uses. */}}
 {{- define "cuda-agent.restrictedContainer" -}}
 allowPrivilegeEscalation: false
