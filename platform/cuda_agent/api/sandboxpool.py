@@ -207,12 +207,12 @@ class SecuritySpec(ApiModel):
         default=UserNamespaces.DISABLED,
         description="Required: the pods run with hostUsers false (their uids map to unprivileged ones on "
         "the node) and an unmasked /proc, and the server gives every agent command its own PID, IPC, "
-        "mount and network namespaces, refusing to start where it cannot. Needs a Localhost seccomp profile "
-        f"that permits them ({USERNS_PROFILE_NAME}), nodes with user namespace support (Kubernetes 1.33+, "
-        "containerd 2.0+ or CRI-O 1.25+, Linux 6.3+), and a namespace enforcing Pod Security baseline "
-        "(restricted refuses an unmasked /proc even in a user namespace; the pods meet every other "
-        "restricted rule). Disabled: the pods share the node's users, and the server uses such "
-        "namespaces only where the profile allows them.",
+        "mount and network namespaces, refusing to start where it cannot. Needs Kubernetes 1.35+, nodes "
+        "with containerd 2.0+ or CRI-O 1.25+ and Linux 6.3+, a Localhost seccomp profile that permits the "
+        f"namespaces (the chart installs {USERNS_PROFILE_NAME}), and a namespace enforcing Pod Security "
+        "baseline: restricted refuses an unmasked /proc even in a user namespace, and the pods meet every "
+        "other restricted rule (docs/sandbox.md). Disabled: the pods share the node's users, and the "
+        "server uses such namespaces only where the profile allows them.",
     )
     runtime_class_name: str | None = Field(
         default=None,
