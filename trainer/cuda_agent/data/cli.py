@@ -110,6 +110,7 @@ def _progress_bar(total: int, description: str) -> Any:
 
 def _synth(args: argparse.Namespace) -> int:
     from cuda_agent.data import synth
+    from cuda_agent.data.calibrate import Window, target_ms
     from cuda_agent.data.catalogue import build_catalogue
     from cuda_agent.data.compose import (
         Composer,
@@ -129,6 +130,13 @@ def _synth(args: argparse.Namespace) -> int:
                 "api_key": os.environ.get("OPENAI_API_KEY"),
             }
         )
+    filters = _filter_config(args)
+    calibration = CalibrationConfig(
+        enabled=args.device == "cuda" if args.calibrate is None else args.calibrate,
+        target_ms=args.target_ms,
+        memory_fraction=args.memory_fraction,
+    )
+    aim = target_ms(Window(filters.min_runtime_ms, filters.max_runtime_ms), calibration)
     config = synth.SynthConfig(
         n=args.n,
         out=args.out,
@@ -141,13 +149,13 @@ def _synth(args: argparse.Namespace) -> int:
         benchmark=args.benchmark,
         max_candidates=args.max_candidates,
         batch_size=args.batch_size,
-        filters=_filter_config(args),
-        composing=ComposerConfig(scale=scale, include_transformers=not args.no_transformers),
-        calibration=CalibrationConfig(
-            enabled=args.device == "cuda" if args.calibrate is None else args.calibrate,
-            target_ms=args.target_ms,
-            memory_fraction=args.memory_fraction,
+        filters=filters,
+        composing=ComposerConfig(
+            scale=scale,
+            include_transformers=not args.no_transformers,
+            target_ms=aim if args.device == "cuda" else None,
         ),
+        calibration=calibration,
         endpoint=endpoint,
     )
     catalogue = build_catalogue(config.composing.include_transformers)

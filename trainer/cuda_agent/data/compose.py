@@ -392,6 +392,10 @@ class LLMComposer:
             f"them to its input(s) (insert reshapes only where shapes require it):\n{listed}\n"
             f"Pick input shapes of {size} so that every operator's constraints hold."
         )
+        if self.config.target_ms is not None:  # the model cannot be calibrated: it is told the aim
+            user += (
+                f" Size them so that one eager forward takes about {self.config.target_ms:g} ms on the GPU."
+            )
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
     def compose(self, index: int) -> Sample:

@@ -199,6 +199,9 @@ class ComposerConfig(BaseModel):
     include_transformers: bool = Field(
         default=True, description="sample transformers modules (inlined into the task) when installed"
     )
+    target_ms: float | None = Field(
+        default=None, gt=0, description="eager time the LLM composer is asked to size tasks for (cuda)"
+    )
 
     @model_validator(mode="after")
     def _weights_valid(self) -> ComposerConfig:
