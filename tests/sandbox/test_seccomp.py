@@ -9,8 +9,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -327,13 +330,21 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 NAMESPACE_PROBE = r"""
-import ctypes, errno, json, os
+import ctypes, errno, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 def sys_err(nr, *args):
     return "ok" if libc.syscall(nr, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
+def listing(path):
+    try:
+        return os.listdir(path)
+    except OSError as exc:
+        return type(exc).__name__
 print(json.dumps({
     "pids": sorted(p for p in os.listdir("/proc") if p.isdigit()),
     "tmp": os.listdir("/tmp"),
+    "masked": listing(sys.argv[1]),
+    "device_dir": listing(sys.argv[2]),
+    "device": open(sys.argv[3]).read(),
     "mount_shared": sys_err(165, None, b"/tmp", None, 0x100000, None),
     "unshare_uts": sys_err(272, 0x04000000),
     "mount": sys_err(165, b"none", b"/tmp", b"tmpfs", 0, None),
@@ -342,12 +353,20 @@ print(json.dumps({
 """
 
 
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A scratch directory that stays visible after the command's /tmp is replaced."""
+    path = Path(tempfile.mkdtemp(prefix="cuda-agent-seccomp-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
 def _launch_under_profile(
     profile: Path, agent_filter: bool, tmp_path: Path
 ) -> subprocess.CompletedProcess[str]:
     """The agent command's launcher spec of restricted mode with user namespaces (isolation.agent_spec:
     five namespaces, a private /tmp bound from the session, a tmpfs mask, a read-only tmpfs over a
-    device directory, its own /proc) under the pod profile `profile`."""
+    device directory and /dev/null over a device node, its own /proc) under the pod profile `profile`."""
     if os.uname().machine != "x86_64":
         pytest.skip("the probe uses x86_64 syscall numbers")
     try:
@@ -359,9 +378,11 @@ def _launch_under_profile(
         directory.mkdir(parents=True)
     (session_tmp / "own").write_text("")
     (masked / "secret").write_text("")
+    (device_dir / "nvidia-cap1").write_text("")
+    (device := tmp_path / "nvidia0").write_text("device")
     names = ("new_userns", "new_netns", "new_mountns", "new_ipcns", "new_pidns")
     spec = unconfined_spec(
-        [sys.executable, "-c", NAMESPACE_PROBE],
+        [sys.executable, "-c", NAMESPACE_PROBE, str(masked), str(device_dir), str(device)],
         {"PATH": "/usr/bin:/bin"},
         "/",
         **dict.fromkeys(names, True),
@@ -369,36 +390,37 @@ def _launch_under_profile(
             {"path": "/tmp", "expose": [], "source": str(session_tmp)},
             {"path": str(masked), "expose": []},
         ],
-        hide=[str(device_dir)],
+        hide=[str(device_dir), str(device)],
         seccomp=build_filter(FilterPolicy(protected_pids=(os.getpid(),))).hex() if agent_filter else None,
     )
     argv = [sys.executable, "-I", "-c", OCI_LOADER, str(profile), *launch_argv(spec)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
-def test_base_profile_stops_the_launchers_user_namespace(tmp_path: Path) -> None:
+def test_base_profile_stops_the_launchers_user_namespace(outside_tmp: Path) -> None:
     """What a restricted pod as shipped gets: the server's probe fails here and it falls back (auto)
     or refuses to start (--user-namespaces on)."""
-    out = _launch_under_profile(PROFILE, agent_filter=True, tmp_path=tmp_path)
+    out = _launch_under_profile(PROFILE, agent_filter=True, tmp_path=outside_tmp)
     assert out.returncode == 126
     assert "unshare(CLONE_NEWUSER): Operation not permitted" in out.stderr
 
 
 def test_userns_profile_lets_the_launcher_build_the_namespaces_and_the_agent_filter_closes_them(
-    tmp_path: Path,
+    outside_tmp: Path,
 ) -> None:
     """Under the variant the launcher builds every namespace and mount of an agent command; the command
     itself (agent filter installed, as the server always does) can neither unshare nor mount again.
     Run as this test's uid: what is tested is the profile, the same for root and the pod's uid."""
-    out = _launch_under_profile(USERNS_PROFILE, agent_filter=True, tmp_path=tmp_path)
+    out = _launch_under_profile(USERNS_PROFILE, agent_filter=True, tmp_path=outside_tmp)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["pids"] == ["1"]  # its own PID namespace and /proc
     assert seen["tmp"] == ["own"]  # the session's tmp/ bound over /tmp
+    assert seen["masked"] == [] and seen["device_dir"] in ([], "PermissionError") and seen["device"] == ""
     assert seen["unshare_user"] == seen["mount"] == seen["unshare_uts"] == seen["mount_shared"] == "EPERM"
     # Without the agent filter only the variant's argument checks stand: the launcher's kinds of
     # namespace and mount pass (so agent code must never run without the filter), any other is refused.
-    bare = _launch_under_profile(USERNS_PROFILE, agent_filter=False, tmp_path=tmp_path / "bare")
+    bare = _launch_under_profile(USERNS_PROFILE, agent_filter=False, tmp_path=outside_tmp / "bare")
     assert bare.returncode == 0, bare.stderr
     unfiltered = json.loads(bare.stdout)
     assert unfiltered["unshare_user"] == unfiltered["mount"] == "ok"
