@@ -143,7 +143,8 @@ def _run_filtered(policy: FilterPolicy) -> dict[str, str]:
     out = subprocess.run(
         launch_argv(spec), capture_output=True, text=True, start_new_session=True, timeout=60, check=True
     )
-    return json.loads(out.stdout)
+    results: dict[str, str] = json.loads(out.stdout)
+    return results
 
 
 def test_agent_filter_refuses_server_signals_ptrace_network_and_namespaces() -> None:
