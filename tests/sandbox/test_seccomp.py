@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sandbox_helpers import state_root
 
 from cuda_agent.sandbox.server import launcher
 from cuda_agent.sandbox.server.isolation import launch_argv, unconfined_spec
@@ -426,3 +427,56 @@ def test_userns_profile_lets_the_launcher_build_the_namespaces_and_the_agent_fil
     unfiltered = json.loads(bare.stdout)
     assert unfiltered["unshare_user"] == unfiltered["mount"] == "ok"
     assert unfiltered["unshare_uts"] == unfiltered["mount_shared"] == "EPERM"
+
+
+def _serve_under_profile(profile: Path, state: Path) -> tuple[int | None, str, str]:
+    """`cuda-agent sandbox serve` as a user-namespaced pool's pod runs it (restricted, user namespaces
+    on) under the pod profile `profile`: its first stdout line and stderr, then SIGTERM."""
+    serve = [
+        sys.executable,
+        "-m",
+        "cuda_agent.cli",
+        "sandbox",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(state),
+    ]
+    flags = ["--isolation", "restricted", "--user-namespaces", "on", "--judge-zygote", "off"]
+    argv = [sys.executable, "-I", "-c", OCI_LOADER, str(profile), *serve, *flags]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        first_line = proc.stdout.readline()
+        if proc.poll() is None:
+            proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, first_line, stderr
+
+
+def test_server_requiring_user_namespaces_refuses_the_base_profile_and_serves_under_the_variant() -> None:
+    """What the operator's `user_namespaces: "on"` buys: under the shipped base profile the server exits
+    2 naming the refusal (the pod crash-loops visibly) instead of serving with the fallback's residuals."""
+    if os.uname().machine != "x86_64":
+        pytest.skip("OCI_LOADER resolves names for this machine only; the profiles are tested on x86_64")
+    try:
+        ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        pytest.skip("libseccomp.so.2 (what container runtimes load profiles with) is not installed")
+    state = state_root("sbx-seccomp-", mode=0o755)
+    try:
+        code, _, stderr = _serve_under_profile(PROFILE, state / "base")
+        assert code == 2
+        assert "--user-namespaces on, but this environment refuses them" in stderr
+        assert "unshare(CLONE_NEWUSER): Operation not permitted" in stderr
+        code, first_line, stderr = _serve_under_profile(USERNS_PROFILE, state / "userns")
+        serving = json.loads(first_line)
+        assert serving["event"] == "serving" and serving["isolation"] == "restricted", stderr
+        assert serving["user_namespaces"] is True
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
