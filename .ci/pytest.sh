@@ -2,7 +2,7 @@
 # Runs pytest and refuses to pass when nothing was collected (pytest exit code 5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -m pytest -ra "$@"
+.venv/bin/python -m pytest -ra --durations=25 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: failing" >&2
