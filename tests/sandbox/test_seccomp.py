@@ -6,6 +6,7 @@ exactly as restricted mode does, so these tests run as any user.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -17,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import state_root
+from sandbox_helpers import FAKE_JUDGE, FAKE_JUDGE_DIR, REAL_JUDGE_DIR, TASK, state_root
 
+from cuda_agent.sandbox.client import SyncSandboxClient
 from cuda_agent.sandbox.server import launcher
 from cuda_agent.sandbox.server.isolation import launch_argv, unconfined_spec
 from cuda_agent.sandbox.server.seccomp_bpf import DENIED_ALWAYS, FilterPolicy, build_filter
@@ -429,39 +431,9 @@ def test_userns_profile_lets_the_launcher_build_the_namespaces_and_the_agent_fil
     assert unfiltered["unshare_uts"] == unfiltered["mount_shared"] == "EPERM"
 
 
-def _serve_under_profile(profile: Path, state: Path) -> tuple[int | None, str, str]:
-    """`cuda-agent sandbox serve` as a user-namespaced pool's pod runs it (restricted, user namespaces
-    on) under the pod profile `profile`: its first stdout line and stderr, then SIGTERM."""
-    serve = [
-        sys.executable,
-        "-m",
-        "cuda_agent.cli",
-        "sandbox",
-        "serve",
-        "--port",
-        "0",
-        "--state-dir",
-        str(state),
-    ]
-    flags = ["--isolation", "restricted", "--user-namespaces", "on", "--judge-zygote", "off"]
-    argv = [sys.executable, "-I", "-c", OCI_LOADER, str(profile), *serve, *flags]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        first_line = proc.stdout.readline()
-        if proc.poll() is None:
-            proc.terminate()
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, first_line, stderr
-
-
-def test_server_requiring_user_namespaces_refuses_the_base_profile_and_serves_under_the_variant() -> None:
-    """What the operator's `user_namespaces: "on"` buys: under the shipped base profile the server exits
-    2 naming the refusal (the pod crash-loops visibly) instead of serving with the fallback's residuals."""
+@pytest.fixture
+def pod_profiles() -> Iterator[Path]:
+    """Skips where the profiles cannot be loaded as a runtime loads them; yields a state root."""
     if os.uname().machine != "x86_64":
         pytest.skip("OCI_LOADER resolves names for this machine only; the profiles are tested on x86_64")
     try:
@@ -469,14 +441,78 @@ def test_server_requiring_user_namespaces_refuses_the_base_profile_and_serves_un
     except OSError:
         pytest.skip("libseccomp.so.2 (what container runtimes load profiles with) is not installed")
     state = state_root("sbx-seccomp-", mode=0o755)
+    yield state
+    shutil.rmtree(state, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _server_under_profile(
+    profile: Path, state: Path, user_namespaces: str
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`cuda-agent sandbox serve` in restricted mode, as a pool's pod runs it, under the pod profile
+    `profile`; yields the process and its first stdout line (the "serving" JSON, or "" if it exited)."""
+    serve = [sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", "--port", "0", "--state-dir"]
+    judge = ["--judge-command", f"{sys.executable} {FAKE_JUDGE}", "--judge-dir", str(FAKE_JUDGE_DIR)]
+    flags = ["--isolation", "restricted", "--user-namespaces", user_namespaces, "--judge-zygote", "off"]
+    frozen = ["--frozen-dir", str(REAL_JUDGE_DIR / "frozen")]
+    argv = [sys.executable, "-I", "-c", OCI_LOADER, str(profile), *serve, str(state), *judge, *frozen, *flags]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        code, _, stderr = _serve_under_profile(PROFILE, state / "base")
-        assert code == 2
-        assert "--user-namespaces on, but this environment refuses them" in stderr
-        assert "unshare(CLONE_NEWUSER): Operation not permitted" in stderr
-        code, first_line, stderr = _serve_under_profile(USERNS_PROFILE, state / "userns")
-        serving = json.loads(first_line)
-        assert serving["event"] == "serving" and serving["isolation"] == "restricted", stderr
-        assert serving["user_namespaces"] is True
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline()
     finally:
-        shutil.rmtree(state, ignore_errors=True)
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_server_requiring_user_namespaces_refuses_the_base_profile(pod_profiles: Path) -> None:
+    """What the operator's `user_namespaces: "on"` buys: under the shipped base profile the server exits
+    2 naming the refusal (the pod crash-loops visibly) instead of serving with the fallback's residuals."""
+    with _server_under_profile(PROFILE, pod_profiles / "base", "on") as (proc, first_line):
+        assert first_line == "" and proc.wait(timeout=60) == 2
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+    assert "--user-namespaces on, but this environment refuses them" in stderr
+    assert "unshare(CLONE_NEWUSER): Operation not permitted" in stderr
+
+
+PROC_VIEW = (
+    "ls /proc | grep -c '^[0-9]'; tr '\\0' ' ' < /proc/1/cmdline; echo; ls /run | wc -l; "
+    "python -c 'import multiprocessing; multiprocessing.Lock(); print(\"lock\")' 2>&1 | tail -1"
+)
+
+
+@pytest.mark.parametrize(
+    ("profile", "user_namespaces"), [(PROFILE, "auto"), (USERNS_PROFILE, "on")], ids=["base", "userns"]
+)
+def test_agent_commands_under_each_pod_profile(
+    pod_profiles: Path, profile: Path, user_namespaces: str
+) -> None:
+    """The whole server under each pod profile, through its HTTP API: the base profile (any restricted
+    pool: the fallback, with its residuals) and the variant (a userNamespaces: Required pool: the
+    command's own PID namespace, /proc, empty /run and working POSIX semaphores). Tools and the judge
+    work under both."""
+    with _server_under_profile(profile, pod_profiles / profile.stem, user_namespaces) as (proc, first_line):
+        assert first_line, proc.stderr.read() if proc.stderr else ""
+        serving = json.loads(first_line)
+        assert serving["user_namespaces"] is (profile == USERNS_PROFILE)
+        client = SyncSandboxClient(serving["url"])
+        sid = client.create_session(TASK).session_id
+        pids, init, run_entries, lock = client.tool(sid, "bash", {"command": PROC_VIEW}).output.splitlines()
+        assert not client.tool(sid, "write", {"file_path": "model_new.py", "content": "x = 1\n"}).is_error
+        assert "model_new.py" in client.tool(sid, "grep", {"pattern": "x = 1", "path": "."}).output
+        judged = client.judge(sid, "verify").result
+        assert judged is not None and judged.reward == 3  # the fake judge's answer
+        client.delete_session(sid)
+    if profile == USERNS_PROFILE:
+        assert int(pids) <= 4 and init.startswith("/bin/bash")  # the command's own processes only
+        assert (run_entries, lock) == ("0", "lock")
+    else:  # the residuals docs/sandbox.md lists for restricted pods without user namespaces
+        assert not init.startswith("/bin/bash")  # the pod's pid 1, command line and all
+        assert lock.startswith("PermissionError")  # no /dev/shm for agents without a mount namespace
