@@ -167,6 +167,24 @@ def test_servicemonitor_only_when_the_prometheus_operator_is_served(helm: Helm) 
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
 
 
+def test_sandbox_pods_are_scraped_on_their_metrics_port_by_the_pods_named_in_values(helm: Helm) -> None:
+    assert not any(o["kind"] == "PodMonitor" for o in helm.template())
+    objects = helm.template(
+        "--api-versions",
+        "monitoring.coreos.com/v1/PodMonitor",
+        "--set",
+        "metrics.sandboxScraperPodLabels.app\\.kubernetes\\.io/name=prometheus",
+    )
+    monitor = find(objects, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    # The labels the operator gives sandbox pods, and their metrics-only port's name.
+    pod_labels = labels.child_labels(labels.POOL_LABEL, "pool", labels.COMPONENT_SANDBOX)
+    assert selector.items() <= pod_labels.items() and monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    config = parse_args(operator_container(objects)["args"])
+    assert config.metrics_scraper_labels == (("app.kubernetes.io/name", "prometheus"),)
+
+
 def test_operator_deployment_is_restricted_and_its_args_parse(helm: Helm) -> None:
     objects = helm.template(*EVERYTHING)
     deployment = find(objects, "Deployment", "-operator")

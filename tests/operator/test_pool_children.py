@@ -17,7 +17,7 @@ from cuda_agent.operator.pool_children import (
     statefulset,
     trace_export,
 )
-from cuda_agent.sandbox.api import SANDBOX_PORT
+from cuda_agent.sandbox.api import SANDBOX_METRICS_PORT, SANDBOX_PORT
 
 POOL = PoolIdentity(name="pool", namespace="team", uid="uid-1")
 RESTRICTED_VOLUMES = {"configMap", "emptyDir", "projected", "secret", "downwardAPI", "persistentVolumeClaim"}
@@ -134,6 +134,24 @@ def test_network_policy_denies_egress_and_admits_only_trainers_and_operator() ->
     sources = policy["ingress"][0]["from"]
     assert {"podSelector": {"matchLabels": {lb.SANDBOX_CLIENT_LABEL: "pool"}}} in sources
     assert len(policy["ingress"]) == 1 and len(sources) == 2
+
+
+def test_prometheus_reaches_only_the_metrics_port_and_only_when_its_labels_are_given() -> None:
+    scraper = (("app.kubernetes.io/name", "prometheus"),)
+    ingress = network_policy(POOL, None, scraper)["spec"]["ingress"]
+    assert ingress[1] == {
+        "from": [
+            {
+                "namespaceSelector": {},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": SANDBOX_METRICS_PORT}],
+    }
+    assert ingress[0]["ports"] == [{"protocol": "TCP", "port": SANDBOX_PORT}]  # the API port: unchanged
+    container = pod_spec(spec())["containers"][0]
+    assert {"name": "metrics", "containerPort": SANDBOX_METRICS_PORT, "protocol": "TCP"} in container["ports"]
+    assert server_config(spec())["metrics_port"] == SANDBOX_METRICS_PORT
 
 
 COLLECTOR = (("app.kubernetes.io/name", "cuda-agent-otel-collector"),)

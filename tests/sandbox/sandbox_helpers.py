@@ -79,6 +79,7 @@ class RunningServer:
     state_dir: Path
     log: Path
     uid_base: int
+    metrics_port: int | None = None
     client: SyncSandboxClient = field(init=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +133,8 @@ def start_server(
         str(REAL_JUDGE_DIR / "frozen"),
         "--max-sessions",
         "8",
+        "--metrics-port",
+        "0",
         *args,
     ]
     log = root / "server.log"
@@ -149,7 +152,9 @@ def start_server(
         proc.kill()
         raise RuntimeError(f"sandbox server did not start:\n{log.read_text()[-4000:]}")
     ready = json.loads(line)
-    return RunningServer(ready["url"], ready["pid"], proc, root / "state", log, uid_base)
+    return RunningServer(
+        ready["url"], ready["pid"], proc, root / "state", log, uid_base, ready.get("metrics_port")
+    )
 
 
 def cleanup(server: RunningServer) -> None:

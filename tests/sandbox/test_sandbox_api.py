@@ -8,7 +8,7 @@ import time
 import pytest
 from sandbox_helpers import TASK, RunningServer, cleanup, needs_root, start_server
 
-from cuda_agent.sandbox.client import SandboxError
+from cuda_agent.sandbox.client import SandboxError, SyncSandboxClient
 from cuda_agent.sandbox.server.app import ROUTES
 from cuda_agent.sandbox.server.models import EvaluateRequest, ServerStatus, TaskRef
 from cuda_agent.sandbox.server.tools import TOOLS
@@ -175,6 +175,14 @@ def test_status_and_metrics_report_sessions_judging_and_cache(server: RunningSer
     assert "cuda_agent_sandbox_queued_judge_jobs 0" in text
     assert "cuda_agent_sandbox_build_cache_hits_total" in text
     assert 'cuda_agent_sandbox_judge_runs_total{outcome="reward3",stage="verify"}' in text
+    # The metrics-only listener (what a NetworkPolicy opens to Prometheus) serves the same families
+    # and nothing of the session API.
+    assert server.metrics_port
+    scraper = SyncSandboxClient(f"http://127.0.0.1:{server.metrics_port}", timeout_s=30)
+    code, scraped = scraper.request("GET", "/metrics")
+    assert code == 200 and "# TYPE cuda_agent_sandbox_active_sessions gauge" in scraped.decode()
+    for method, path in (("GET", "/v1/status"), ("GET", "/openapi.json"), ("POST", "/v1/sessions")):
+        assert scraper.request(method, path)[0] == 404, path
 
 
 @pytest.mark.minio

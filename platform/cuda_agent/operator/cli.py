@@ -68,6 +68,14 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         help="a pod label of the OTLP collector (repeatable): pools with spec.telemetry.exportTraces may "
         "reach those pods",
     )
+    parser.add_argument(
+        "--metrics-scraper-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a pod label of the Prometheus that scrapes sandbox pods (repeatable): those pods may reach "
+        "the pools' metrics-only port",
+    )
     parser.add_argument("--liveness-endpoint", help="e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
         "--gang-scheduler-name", help="schedulerName of Ray pods under scheduler-plugins' coscheduling"
@@ -111,6 +119,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         parser, "--trainer-pod-annotation", args.trainer_pod_annotation
     )
     values["otel_collector_labels"] = _pairs(parser, "--otel-collector-label", args.otel_collector_label)
+    values["metrics_scraper_labels"] = _pairs(parser, "--metrics-scraper-label", args.metrics_scraper_label)
     if args.probe_network:
         values["probe_networks"] = tuple(args.probe_network)
     for option in (

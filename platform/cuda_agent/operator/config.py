@@ -72,6 +72,11 @@ class OperatorConfig(BaseModel):
         description="Pod labels of the OTLP collector: a pool exporting traces may reach those pods (on "
         "the endpoint's port, any namespace) and cluster DNS, nothing else.",
     )
+    metrics_scraper_labels: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="Pod labels of the Prometheus that scrapes sandbox pods: those pods (any namespace) "
+        "may reach every pool's metrics-only port, nothing else of the pods.",
+    )
     executor: Literal["cluster", "local"] = Field(
         default="cluster",
         description="Where a TrainingRun's trainer runs: pods on a Ray cluster, or processes on this "

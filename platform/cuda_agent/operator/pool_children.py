@@ -21,7 +21,7 @@ from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, User
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.manifests import owner_reference, with_hash
-from cuda_agent.sandbox.api import SANDBOX_PORT
+from cuda_agent.sandbox.api import SANDBOX_METRICS_PORT, SANDBOX_PORT
 
 SANDBOX_UID = 65532  # the image's unprivileged user; restricted Pod Security forbids root
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -64,6 +64,7 @@ def server_config(spec: SandboxPoolSpec) -> dict[str, Any]:
     return {
         "host": "0.0.0.0",
         "port": SANDBOX_PORT,
+        "metrics_port": SANDBOX_METRICS_PORT,
         "state_dir": STATE_DIR,
         "judge_dir": JUDGE_DIR,
         "gpus": spec.gpu.count,
@@ -171,10 +172,21 @@ def _trace_egress(export: TraceExport) -> list[dict[str, Any]]:
     ]
 
 
-def network_policy(pool: PoolIdentity, export: TraceExport | None = None) -> Manifest:
+def network_policy(
+    pool: PoolIdentity,
+    export: TraceExport | None = None,
+    scraper_labels: tuple[tuple[str, str], ...] = (),
+) -> Manifest:
     """Default deny: no egress (agent code must not reach anything; a pool exporting traces reaches its
     collector and DNS only), ingress only on the server port from the trainer pods of runs that use this
-    pool and from the operator (which reads load)."""
+    pool and from the operator (which reads load), and, when the operator knows Prometheus's pod labels,
+    from those pods on the metrics-only port."""
+    scrape = [
+        {
+            "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(scraper_labels)}}],
+            "ports": [{"protocol": "TCP", "port": SANDBOX_METRICS_PORT}],
+        }
+    ]
     return with_hash(
         {
             "apiVersion": "networking.k8s.io/v1",
@@ -193,7 +205,8 @@ def network_policy(pool: PoolIdentity, export: TraceExport | None = None) -> Man
                             },
                         ],
                         "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}],
-                    }
+                    },
+                    *(scrape if scraper_labels else []),
                 ],
                 "egress": _trace_egress(export) if export is not None else [],
             },
@@ -271,7 +284,10 @@ def _container(spec: SandboxPoolSpec) -> dict[str, Any]:
         "name": "sandbox",
         "image": spec.image,
         "command": ["cuda-agent", "sandbox", "serve", "--config", f"{SERVER_CONFIG_DIR}/{SERVER_CONFIG_KEY}"],
-        "ports": [{"name": "http", "containerPort": SANDBOX_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": SANDBOX_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": SANDBOX_METRICS_PORT, "protocol": "TCP"},
+        ],
         "resources": _resources(spec),
         "securityContext": {
             "allowPrivilegeEscalation": False,

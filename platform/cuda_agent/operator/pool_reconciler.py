@@ -331,7 +331,9 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
             )
         )
     _, errors = await apply_changed(
-        context, [configmap, headless_service(pool), network_policy(pool, export)], children
+        context,
+        [configmap, headless_service(pool), network_policy(pool, export, config.metrics_scraper_labels)],
+        children,
     )
 
     # 2. Observe the pods (from the watch index) and, when it matters, their load.

@@ -23,6 +23,9 @@ from cuda_agent.sandbox.judge.config import Reward
 # The server's port: a pool's Service, NetworkPolicy and readiness probes, the trainer's sandbox URL and the
 # operator's load probes all use it (the operator imports it from here).
 SANDBOX_PORT = 8470
+# A second listener that serves GET /metrics only: a NetworkPolicy can let Prometheus scrape it without
+# letting the scraper reach the session API on SANDBOX_PORT.
+SANDBOX_METRICS_PORT = 9470
 Device = Literal["cpu", "cuda"]
 # A candidate workspace holds at most this many files: the judge's snapshot refuses more.
 MAX_CANDIDATE_FILES = 5000

@@ -595,6 +595,15 @@ def _raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def build_metrics_app(server: SandboxServer) -> web.Application:
+    """The metrics-only listener (`metrics_port`): the same exposition as /metrics on the API port, and
+    every other path 404, so what a scraper may reach is this one read-only page."""
+    app = web.Application(client_max_size=1024)
+    route = next(r for r in ROUTES if r.path == "/metrics")
+    app.router.add_route("GET", "/metrics", _wrap(server, route))
+    return app
+
+
 def build_app(server: SandboxServer) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     for route in ROUTES:

@@ -157,7 +157,7 @@ async def self_test(isolation: Isolation, config: SandboxServerConfig) -> None:
 async def serve(config: SandboxServerConfig, isolation: Isolation, gpus: int) -> None:
     from aiohttp import web
 
-    from cuda_agent.sandbox.server.app import SandboxServer, build_app
+    from cuda_agent.sandbox.server.app import SandboxServer, build_app, build_metrics_app
 
     await self_test(isolation, config)
     server = SandboxServer(config, isolation, gpus)
@@ -166,6 +166,14 @@ async def serve(config: SandboxServerConfig, isolation: Isolation, gpus: int) ->
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     port = runner.addresses[0][1] if runner.addresses else config.port
+    runners = [runner]
+    metrics_port = None
+    if config.metrics_port is not None:
+        metrics_runner = web.AppRunner(build_metrics_app(server), access_log=None, handle_signals=False)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, config.host, config.metrics_port).start()
+        metrics_port = metrics_runner.addresses[0][1] if metrics_runner.addresses else config.metrics_port
+        runners.insert(0, metrics_runner)
     abi = landlock_abi()
     if not isolation.is_root and abi < 1:
         log.warning("restricted mode without Landlock: sessions sharing this uid can read each other's files")
@@ -176,6 +184,7 @@ async def serve(config: SandboxServerConfig, isolation: Isolation, gpus: int) ->
                 "landlock_abi": abi,
                 "url": f"http://{config.host}:{port}",
                 "port": port,
+                "metrics_port": metrics_port,
                 "isolation": isolation.mode,
                 "user_namespaces": isolation.user_namespaces,
                 "gpus": gpus,
@@ -189,7 +198,8 @@ async def serve(config: SandboxServerConfig, isolation: Isolation, gpus: int) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    for each in runners:  # the metrics listener first: the API runner's cleanup ends the server
+        await each.cleanup()
 
 
 def main(argv: Sequence[str]) -> int:

@@ -55,6 +55,13 @@ class SandboxServerConfig(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(default=SANDBOX_PORT, ge=0, le=65535)
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="also serve GET /metrics, and nothing else, on this port (0: any free port), so a "
+        "NetworkPolicy can admit Prometheus there without opening the session API",
+    )
     state_dir: Path = Path("/var/lib/cuda-agent-sandbox")
     max_sessions: int = Field(default=64, ge=1)
     session_ttl_s: float = Field(
