@@ -81,8 +81,10 @@ def server_config(spec: SandboxPoolSpec) -> dict[str, Any]:
 
 def _user_namespace_config(spec: SandboxPoolSpec) -> dict[str, str]:
     """A pool that requires user namespaces makes the server refuse to start without them (a visible
-    crash loop, not a silent fallback to shared /proc and /dev/shm); they exist in restricted mode only."""
-    return {"isolation": "restricted", "user_namespaces": "on"} if _user_namespaced(spec) else {}
+    crash loop, not a silent fallback to shared /proc and /dev/shm). The pod's uid 65532 puts the server
+    in restricted mode; isolation stays auto so the local executor's root server keeps root mode, whose
+    separate uids and namespaces are a superset."""
+    return {"user_namespaces": "on"} if _user_namespaced(spec) else {}
 
 
 def judge_configmap(pool: PoolIdentity, spec: SandboxPoolSpec, judge_files: Mapping[str, str]) -> Manifest:
