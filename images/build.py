@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -321,10 +321,11 @@ def image_rootfs(buildah: Buildah, image: BuiltImage) -> tuple[str, Path]:
 
 # The pod the chart runs the operator in, reproduced with util-linux and coreutils: a private mount and
 # pid namespace, the image's root bind-mounted read-only, /tmp a small tmpfs (the chart's emptyDir), a
-# minimal /dev, no_new_privs set, then chroot switches to the image's USER (all capabilities go with root).
+# minimal /dev, read-only volumes (as a pod's Secret), no_new_privs, then chroot switches to the image's
+# USER, and every capability goes with root.
 RESTRICTED = r"""
 set -e
-root=$1 user=$2 workdir=$3; shift 3
+root=$1 user=$2 workdir=$3 volumes=$4; shift 4
 mount --make-rprivate /
 mount --bind "$root" "$root"
 mount -o remount,bind,ro,nosuid,nodev "$root"
@@ -334,18 +335,30 @@ mount -t tmpfs -o size=1m,mode=0755,nosuid tmpfs "$root/dev"
 for node in null zero full random urandom; do
   : > "$root/dev/$node"; mount --bind "/dev/$node" "$root/dev/$node"
 done
+while [ "$volumes" -gt 0 ]; do
+  mount --bind "$1" "$root$2"; mount -o remount,bind,ro,nosuid,nodev "$root$2"
+  shift 2; volumes=$((volumes - 1))
+done
 exec setpriv --no-new-privs chroot --userspec="$user" --groups="${user#*:}" "$root" \
   /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"
 """
 
 
-def run_restricted(rootfs: Path, image: BuiltImage, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """`argv` in the image as a restricted pod runs it: the image's USER and environment, read-only
-    root, no privilege escalation, no capabilities. Needs root on the host (namespaces, mounts)."""
+def restricted(
+    rootfs: Path, image: BuiltImage, argv: Sequence[str], volumes: Mapping[Path, str] | None = None
+) -> list[str]:
+    """The command that runs `argv` in the image as a restricted pod runs it: the image's USER, a
+    read-only root, no privilege escalation, no capabilities; `volumes` maps host directories to
+    directories of the image, mounted read-only. Run it as root with `env=image.env` (and more)."""
     user = image.user if ":" in image.user else f"{image.user}:{image.user}"
+    mounts = [str(path) for host, target in (volumes or {}).items() for path in (host, target)]
     command = ["unshare", "--mount", "--pid", "--fork", "/bin/sh", "-c", RESTRICTED, "restricted"]
+    return [*command, str(rootfs), user, image.workdir, str(len(volumes or {})), *mounts, *argv]
+
+
+def run_restricted(rootfs: Path, image: BuiltImage, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*command, str(rootfs), user, image.workdir, *argv],
+        restricted(rootfs, image, argv),
         env=image.env,
         capture_output=True,
         text=True,

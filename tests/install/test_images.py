@@ -13,12 +13,15 @@ import importlib.util
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +31,10 @@ from typing import Any
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
-from install_helpers import CHART, REPO
+from fixtures.cluster import GPU_PRODUCT, KubeCluster
+from install_helpers import CHART, REPO, wait_for
 
+from cuda_agent.localhost import free_port
 from cuda_agent.operator import pool_children, run_children
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -362,3 +367,75 @@ def test_operator_image_archive_is_an_oci_image_named_as_the_chart_deploys_it(
     assert config["config"]["User"] == f"{OPERATOR_UID}:{OPERATOR_UID}"
     assert config["config"]["Entrypoint"] == list(IMAGES[0].entrypoint)
     assert config["os"] == "linux" and config["architecture"] == "amd64"
+
+
+@pytest.mark.slow
+def test_operator_image_reconciles_a_sandbox_pool_on_the_real_apiserver(
+    operator_image: tuple[ModuleType, Any], kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    """The image's entry point, run restricted as above, does its job: against the session's real
+    kube-apiserver (kubeconfig mounted read-only, as a pod's Secret) it brings a SandboxPool to Ready
+    and serves /healthz and /metrics. The chart's RBAC is test_install.py's concern; this is the image."""
+    build, image = operator_image
+    _, rootfs = build.image_rootfs(build.Buildah(build.cache_dir()), image)
+    namespace = f"image-{secrets.token_hex(3)}"
+    kube_cluster.kubectl("create", "namespace", namespace)
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o755)
+    flat = kube_cluster.kubectl("config", "view", "--flatten", "--raw").stdout
+    (secret / "kubeconfig").write_text(flat)
+    (secret / "kubeconfig").chmod(0o644)  # uid 65532 reads it, as a pod's Secret volume
+    liveness, metrics = free_port(), free_port()
+    args = [f"--namespace={namespace}", f"--liveness-endpoint=http://127.0.0.1:{liveness}/healthz"]
+    args += [f"--metrics-port={metrics}"]
+    command = build.restricted(rootfs, image, [*image.entrypoint, *args], {secret: "/mnt"})
+    log_path = tmp_path / "operator.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            command,
+            env={**image.env, "KUBECONFIG": "/mnt/kubeconfig"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the pid namespace's processes stop with it
+        )
+    try:
+        wait_for(
+            lambda: proc.poll() is not None or _answers(f"http://127.0.0.1:{liveness}/healthz"),
+            "the operator's liveness endpoint",
+        )
+        assert proc.poll() is None, log_path.read_text()[-3000:]
+        pool = {
+            "apiVersion": "cuda-agent.io/v1alpha1",
+            "kind": "SandboxPool",
+            "metadata": {"name": "pool", "namespace": namespace},
+            "spec": {"replicas": 1, "gpu": {"count": 1, "product": GPU_PRODUCT}, "image": "sandbox:test"},
+        }
+        kube_cluster.kubectl("apply", "-f", "-", input=json.dumps(pool))
+
+        def ready() -> dict[str, Any] | None:
+            found = kube_cluster.kubectl("-n", namespace, "get", "sandboxpool", "pool", "-o", "json")
+            status: dict[str, Any] = json.loads(found.stdout).get("status") or {}
+            return status if status.get("readyReplicas") == 1 else None
+
+        status = wait_for(ready, "the SandboxPool's pod to be ready")
+        assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as response:
+            assert "cuda_agent_operator_reconciles_total" in response.read().decode()
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\noperator log:\n{log_path.read_text()[-4000:]}") from failure
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
