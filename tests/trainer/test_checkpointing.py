@@ -91,11 +91,19 @@ def _saved_bytes(model: torch.nn.Module, tokens: int) -> int:
 def test_footprint_matches_what_autograd_saves(dtype: torch.dtype) -> None:
     """Per token and layer: the difference of a 2- and a 1-layer model between two lengths cancels the
     weights, the embedding and the final norm."""
-    shape = dict(hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2)
     full: dict[tuple[int, bool], int] = {}
     for layers in (1, 2):
-        config = Qwen2Config(**shape, num_hidden_layers=layers, vocab_size=100, use_cache=False)
-        model = Qwen2Model(config).to(dtype)
+        config = Qwen2Config(
+            hidden_size=64,
+            intermediate_size=176,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=layers,
+            vocab_size=100,
+            use_cache=False,
+        )
+        model = Qwen2Model(config)
+        torch.nn.Module.to(model, dtype)  # transformers' own `to` is typed for other arguments
         model.config._attn_implementation = "sdpa"
         model.train()
         for checkpointed in (False, True):
@@ -139,10 +147,11 @@ def _step(
 
     for role, module in (("actor", actor.module), ("critic", critic.engine.module)):
         for name, p in module.named_parameters():
-            p.register_hook(keep(f"{role}.{name}"))
+            p.register_hook(keep(f"{role}.{name}"))  # type: ignore[no-untyped-call]
     calls = [0] * len(decoder_layers(actor.module))
     for i, layer in enumerate(decoder_layers(actor.module)):
-        layer.self_attn.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        attention = layer.get_submodule("self_attn")
+        attention.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
     metrics = ppo_step(make_trajectories(6), actor, critic, reference, spec, step_seed=0)
     return metrics, grads, calls
 
