@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,7 +27,7 @@ from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.demand import probe_pods
 from cuda_agent.operator.drain import DrainPlan, plan_drain
 from cuda_agent.operator.events import changed_fields, condition_events, log_pass, post
-from cuda_agent.operator.kube import Manifest, Ref
+from cuda_agent.operator.kube import KubeError, Manifest, Ref
 from cuda_agent.operator.pool_children import (
     PoolIdentity,
     headless_service,
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0
 STATUS_INTERVAL = 1.0
 CONFIGMAP_LIMIT = 1_000_000  # bytes; the apiserver refuses larger ConfigMaps
+# A FailedCreate event of the pool's StatefulSet older than this no longer explains missing pods.
+REFUSAL_WINDOW = timedelta(minutes=10)
 # Status fields only a demand read fills; a pass that read none clears them rather than leave stale counts.
 DEMAND_FIELDS = tuple(
     SandboxPoolStatus.model_fields[name].alias or name for name in ("active_sessions", "queue_depth")
@@ -81,6 +83,39 @@ class PoolObservation:
     plan: DrainPlan
     problems: Sequence[Condition]  # Degraded reasons found on the way, most severe first
     warnings: Sequence[Condition] = ()  # Degraded reasons that matter less than unschedulable pods
+
+
+def _event_time(event: Mapping[str, Any]) -> datetime | None:
+    """When an Event was last seen: core/v1 events fill lastTimestamp, events.k8s.io ones eventTime or
+    their series."""
+    for stamp in (
+        (event.get("series") or {}).get("lastObservedTime"),
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        (event.get("metadata") or {}).get("creationTimestamp"),
+    ):
+        if stamp:
+            return datetime.fromisoformat(str(stamp))
+    return None
+
+
+async def refused_pods(
+    context: OperatorContext, namespace: str, name: str, now: datetime
+) -> Condition | None:
+    """Pods the StatefulSet controller could not create (Pod Security admission, a quota, a webhook):
+    its latest FailedCreate event names why, which otherwise shows only in `kubectl get events`."""
+    selector = f"involvedObject.kind=StatefulSet,involvedObject.name={name},reason=FailedCreate"
+    try:
+        events = await context.kube.list("v1", "events", namespace=namespace, field_selector=selector)
+    except KubeError as error:  # e.g. an install whose RBAC predates `list events`: no diagnosis, no failure
+        log.debug("cannot list the events of StatefulSet %s/%s: %s", namespace, name, error)
+        return None
+    recent = [(seen, e) for e in events if (seen := _event_time(e)) and now - seen < REFUSAL_WINDOW]
+    if not recent:
+        return None
+    _, newest = max(recent, key=lambda pair: pair[0])
+    message = f"the StatefulSet cannot create sandbox pods: {newest.get('message', '')}"
+    return Condition(PoolCondition.DEGRADED, True, "PodsRefused", message[:2000])
 
 
 def pool_status(
@@ -366,6 +401,10 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
         await context.kube.post_event(body, warning=False, reason="Scaled", message=message)
     if errors:
         problems.append(Condition(PoolCondition.DEGRADED, True, "ApplyFailed", "; ".join(errors)[:2000]))
+    live = [p for p in pods if not p.terminating]
+    missing = sts is not None and len(live) < min(current, plan.statefulset_replicas)
+    refused = await refused_pods(context, namespace, name, now) if missing else None
+    problems += [refused] if refused is not None else []
 
     # 5. One status write.
     observed = PoolObservation(
@@ -377,6 +416,7 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
         waits.append(context.queue.error_backoff)
     if plan.draining:
         waits.append(DRAIN_POLL_SECONDS)
-    if spec.autoscaling is not None:
+    if spec.autoscaling is not None or missing:
+        # Pods that cannot be created change nothing the watches see: look again for the reason.
         waits.append(context.config.sync_period)
     return min(waits) if waits else None
