@@ -314,9 +314,10 @@ def image_rootfs(buildah: Buildah, image: BuiltImage) -> tuple[str, Path]:
     """A working container of the image, kept across runs (vfs copies the layers once, ~5 s), and its
     mounted root filesystem."""
     container = f"cuda-agent-operator-{image.key}"
-    if not buildah.exists("container", container):
-        buildah("from", "--pull=never", "--name", container, image.name)
-    return container, Path(buildah("mount", container))
+    with locked(buildah.root / "build.lock"):
+        if not buildah.exists("container", container):
+            buildah("from", "--pull=never", "--name", container, image.name)
+        return container, Path(buildah("mount", container))
 
 
 # The pod the chart runs the operator in, reproduced with util-linux and coreutils: a private mount and
