@@ -1,5 +1,5 @@
 """Builds the operator image for real on a machine with no container engine and no registry: Debian's
-`debootstrap` makes a pinned Debian base, `buildah` (vfs storage, chroot isolation, both from Debian)
+`debootstrap` makes a Debian bookworm base, `buildah` (vfs storage, chroot isolation, both from Debian)
 imports it from scratch and builds images/operator/Dockerfile on it, and the result is exported as an
 OCI archive. `python images/build.py` (or `make images`) builds, or reuses the build cached for the
 same inputs, then starts the image's entry point as its own non-root USER (docs/install.md).
@@ -162,6 +162,11 @@ def base_rootfs(cache: Path) -> Path:
     rootfs.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(rootfs, ignore_errors=True)
     staging.rename(rootfs)
+    # The suite is pinned, not its point release: record what this base holds, package by package.
+    versions = subprocess.run(
+        ["dpkg-query", f"--admindir={rootfs}/var/lib/dpkg", "-W"], capture_output=True, text=True, check=True
+    )
+    (rootfs.parent / "packages.txt").write_text(versions.stdout)
     return rootfs
 
 
@@ -311,7 +316,7 @@ def prune(buildah: Buildah, cache: Path, keep: str) -> None:
 
 
 def image_rootfs(buildah: Buildah, image: BuiltImage) -> tuple[str, Path]:
-    """A working container of the image, kept across runs (vfs copies the layers once, ~5 s), and its
+    """A working container of the image, kept across runs (vfs copies the layers once, 5-15 s), and its
     mounted root filesystem."""
     container = f"cuda-agent-operator-{image.key}"
     with locked(buildah.root / "build.lock"):
