@@ -13,7 +13,7 @@ model shape, batch and GPU, same run.
   baseline  the models' own forward (full [tokens x vocab] logits, then fp32 log-softmax), transformers'
             gradient checkpointing, the same micro-batches with their attention masks; GAE and the loss
             formulas are the shared ones from cuda_agent.trainer.ppo (they are not what differs).
-TRL / OpenRLHF are not compared (docs/performance.md says why).
+TRL's PPOTrainer doing the same step: bench/ppo_vs_trl.py (OpenRLHF: docs/performance.md says why not).
 
   PYTHONPATH=platform:trainer:sandbox_image python3 bench/ppo_throughput.py [--model 0.5b] [--out DIR]
 """
