@@ -33,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,11 @@ class PolicyLogits:
 
     def __getitem__(self, rows: slice) -> torch.Tensor:
         out = self.trl_ppo.forward(self.policy, self.qr[rows], self.pad)
-        return out.logits[:, PROMPT - 1 : -1].float() / self.temp
+        logits: torch.Tensor = out.logits[:, PROMPT - 1 : -1].float() / self.temp
+        return logits
 
 
-class StepTimes(TrainerCallback):  # type: ignore[misc]
+class StepTimes(TrainerCallback):
     """Wall time of each PPOTrainer update (on_step_end follows the optimizer step and the metrics)."""
 
     def __init__(self) -> None:
@@ -124,26 +126,22 @@ def trl_step(model: str, batch: list[Trajectory], budget: int, steps: int) -> di
     trl_ppo.batch_generation = premade
     policy, ref = build(model, max_len, False), build(model, max_len, False)
     config.num_labels = 1
+    reward_config = Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=config.vocab_size,
+        max_position_embeddings=max_len + 1,
+        use_cache=False,
+    )
+    reward_config.num_labels = 1
+    auto: Any = AutoModelForSequenceClassification
     with torch.device(dev):
         torch.manual_seed(1)
-        value = AutoModelForSequenceClassification.from_config(
-            config, dtype=torch.bfloat16, attn_implementation="sdpa"
-        )
-        reward = AutoModelForSequenceClassification.from_config(
-            Qwen2Config(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=1,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                vocab_size=config.vocab_size,
-                max_position_embeddings=max_len + 1,
-                use_cache=False,
-                num_labels=1,
-            ),
-            dtype=torch.bfloat16,
-            attn_implementation="sdpa",
-        )
+        value = auto.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        reward = auto.from_config(reward_config, dtype=torch.bfloat16, attn_implementation="sdpa")
     for m in (policy, value):
         m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     timer = StepTimes()
@@ -201,7 +199,7 @@ def main() -> int:
     vocab = qwen2_config(args.model, 16).vocab_size
     batch = trajectories(args.episodes, args.min_len, args.max_len, vocab)
     tokens = sum(len(t.token_ids) for t in batch)
-    fns = {
+    fns: dict[str, Callable[[int], dict[str, Any]]] = {
         "ours": lambda b: ours(args.model, batch, b, args.steps, "auto", "auto"),
         "trl": lambda b: trl_step(args.model, batch, b, args.steps),
     }
