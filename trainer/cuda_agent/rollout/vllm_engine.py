@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cuda_agent.rollout.base import SamplingParams
+from cuda_agent.rollout.base import FinishReason, Generation, SamplingParams
 
 
 class VLLMEngineConfig(BaseModel):
@@ -97,7 +97,14 @@ class VLLMEngine:
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         from vllm import AsyncEngineArgs, AsyncLLMEngine
+        from vllm.platforms import current_platform
 
+        extra = dict(config.extra)
+        if current_platform.is_cpu():
+            # vLLM 0.26 on CPU kills the engine when a seeded request's prefill is chunked (its sampler
+            # rewinds the request's generator, which CPU generators cannot); prefill whole prompts.
+            extra.setdefault("enable_chunked_prefill", False)
+            extra.setdefault("max_num_batched_tokens", config.max_model_len)
         args = AsyncEngineArgs(
             model=config.model,
             dtype=config.dtype,
@@ -109,7 +116,7 @@ class VLLMEngine:
             seed=config.seed,
             logprobs_mode=config.logprobs_mode,
             worker_extension_cls=f"{__name__}.WeightLoaderExtension",
-            **config.extra,
+            **extra,
         )
         self.engine = AsyncLLMEngine.from_engine_args(args)
         self._weights = asyncio.Lock()
@@ -161,3 +168,31 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         self.engine.shutdown()  # the engine core and worker processes
+
+
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}  # vLLM's others: abort
+
+
+class VLLMBackend:
+    """A `GenerationBackend` over one VLLMEngine in this process (no Ray: local runs, the CPU test,
+    bench/rollout_bench.py); router.EngineActorBackend is the same over an engine actor."""
+
+    token_exact = True
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
+    ) -> Generation:
+        ids, logprobs, finish = await self.engine.generate(prompt_ids, sampling, session)
+        return Generation(token_ids=ids, logprobs=logprobs, finish_reason=_FINISH.get(finish, "abort"))
+
+    async def release(self, session: str) -> None:
+        await self.engine.release(session)
+
+    async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
+        await self.engine.update_weights(bucket)
+
+    async def finish_weight_update(self) -> None:
+        await self.engine.finish_weight_update()
