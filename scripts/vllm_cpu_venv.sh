@@ -24,7 +24,9 @@ have=$("$main_py" -c 'import importlib.metadata as m; print(m.version("torch"))'
 
 stamp=$DEST/.installed
 want=$(cat "${BASH_SOURCE[0]}" "$LOCK" <(echo "$MAIN $have") | sha256sum | cut -c1-16)
-if [[ -f $stamp && $(cat "$stamp") == "$want" && -x $DEST/bin/python ]]; then
+# find_spec does not import: it only sees that the links into the project venv still resolve.
+if [[ -f $stamp && $(cat "$stamp") == "$want" && -x $DEST/bin/python ]] &&
+  "$DEST/bin/python" -c 'import importlib.util as u; assert u.find_spec("torch") and u.find_spec("vllm")' 2>/dev/null; then
   echo "$DEST/bin/python"
   exit 0
 fi
