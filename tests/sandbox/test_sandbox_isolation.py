@@ -211,6 +211,35 @@ def test_scratch_space_is_private_and_dies_with_the_session(server: RunningServe
                 assert fresh.output.split()[0] == uid  # the same slot, emptied
 
 
+def _judge_plants() -> set[Path]:
+    return {p for d in ("/dev/shm", "/tmp") for p in Path(d).glob("judge-planted-*")}
+
+
+def test_judges_scratch_is_their_own(server: RunningServer) -> None:
+    """Candidate code in one session's judge plants files in /dev/shm and /tmp (the fake judge's probe);
+    the next session's judge finds none of them, and none reaches the host (root mode; restricted mode with
+    user namespaces). Restricted mode without them: the documented residual, /dev/shm is shared."""
+    before = _judge_plants()
+    observed = []
+    try:
+        with session(server) as first, session(server) as second:
+            for sid in (first, second):
+                server.client.tool(sid, "write", {"file_path": "model_new.py", "content": "x"})
+                run = server.client.judge(sid, "verify")
+                assert run.result is not None and run.result.model_extra is not None
+                observed.append(run.result.model_extra["observed"])
+        left_on_host = _judge_plants() - before
+        if namespaces(server):
+            assert "/dev/shm" in observed[0]["scratch_planted"]  # its own /dev/shm, writable
+            assert observed[1]["scratch_left_by_others"] == [] and not left_on_host
+        else:
+            assert observed[0]["scratch_planted"] == ["/dev/shm"]  # Landlock keeps /tmp read-only
+            assert observed[1]["scratch_left_by_others"] and left_on_host
+    finally:
+        for path in _judge_plants() - before:
+            path.unlink(missing_ok=True)
+
+
 def test_judge_channel_and_host_sockets_are_out_of_reach(server: RunningServer) -> None:
     """Another session's judge socket (Landlock does not cover connect) and the host's sockets in /run."""
     host_socket = Path(f"/run/cuda-agent-test-{os.getpid()}.sock")

@@ -5,8 +5,10 @@ the server's own launcher (which also hides /root, where this machine's interpre
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,9 @@ from sandbox_helpers import (
     needs_root,
     start_restricted_server,
 )
+
+from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.isolation import Isolation
 
 pytestmark = needs_root()
 
@@ -156,3 +161,42 @@ def is_running(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+NAME_A_THREAD = """
+import threading
+done = threading.Event()
+helper = threading.Thread(target=done.wait)
+helper.start()
+try:
+    with open(f"/proc/self/task/{helper.native_id}/comm", "w") as comm:
+        comm.write("named")
+    print("named", open(f"/proc/self/task/{helper.native_id}/comm").read().strip())
+except OSError as error:
+    print("refused", error.errno)
+done.set()
+helper.join()
+"""
+
+
+def test_restricted_judges_may_name_their_threads_as_the_cuda_driver_does(tmp_path: Path) -> None:
+    """The CUDA driver names its helper threads through /proc/self/task/<tid>/comm; under restricted
+    mode's Landlock that write was refused and cuInit failed (Error 304 on the H200, 2026-12-01), so no
+    judge could use the GPU. Judges may now write existing /proc files; agent commands still may not."""
+    state = tmp_path / "state"
+    scratch = state / "scratch"
+    scratch.mkdir(parents=True)
+    config = SandboxServerConfig(state_dir=state, isolation="restricted", user_namespaces="off")
+    isolation = Isolation(config, "restricted", private_mounts=False)
+    slot = isolation.slot(0)
+    argv = [sys.executable, "-I", "-c", NAME_A_THREAD]
+    env = {"PATH": os.environ["PATH"]}
+    judge = isolation.judge_spec(slot, argv, env, str(scratch), [str(scratch)], [])
+    agent = isolation.agent_spec(slot, argv, env, str(scratch), [str(scratch)])
+
+    def run(spec: dict[str, object]) -> str:
+        launched = subprocess.run(isolation.launch_argv(spec), capture_output=True, text=True, timeout=60)
+        return (launched.stdout + launched.stderr).strip()
+
+    assert run(judge) == "named named"
+    assert run(agent) == f"refused {errno.EACCES}"

@@ -39,6 +39,18 @@ def probe_isolation(candidate: Path) -> dict:
     except OSError:
         seen["candidate_writable"] = False
     seen["env_keys"] = sorted(os.environ)
+    # What an earlier judge left in the shared scratch places, then a plant for the next one to find.
+    seen["scratch_left_by_others"] = sorted(
+        str(p) for d in ("/dev/shm", "/tmp") if os.path.isdir(d) for p in Path(d).glob("judge-planted-*")
+    )
+    planted = []
+    for d in ("/dev/shm", "/tmp"):
+        try:
+            (Path(d) / f"judge-planted-{os.getpid()}").write_text("x")
+            planted.append(d)
+        except OSError:
+            pass
+    seen["scratch_planted"] = planted
     return seen
 
 

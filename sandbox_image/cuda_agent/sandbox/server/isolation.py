@@ -211,12 +211,24 @@ class Isolation:
         spec = self._spec(
             slot.judge_uid, slot.judge_gid, groups, argv, env, cwd, limits, self.judge_filter, []
         )
-        if self.is_root:
+        if self.is_root or self.user_namespaces:
             # No PID namespace: the GPU lock identifies holders by pid across judges (gpu_lock.is_alive).
             spec["masks"] = self.judge_masks
+        if self.user_namespaces:
+            # Restricted mode: the same mount, IPC and network namespaces as root mode's judges, inside a
+            # user namespace mapping only the server's uid, so candidate code in one session's judge leaves
+            # nothing in /dev/shm, /tmp or SysV IPC for another's and reaches no socket but loopback.
+            spec |= dict.fromkeys(("new_userns", "new_mountns", "new_ipcns", "new_netns"), True)
         if shared_cache and self.is_root:
             spec["umask"] = 0o007
-        return spec | {"landlock": self._landlock(writable, readable)}
+        landlock = self._landlock(writable, readable)
+        if landlock is not None:
+            # The CUDA driver names the helper threads it starts by writing /proc/self/task/<tid>/comm;
+            # refused, cuInit fails ("Error 304: OS call failed", seen on the H200), so restricted mode
+            # could not judge on a GPU. The judge's own code may write existing /proc files; candidate
+            # code runs only in its workers, whose own Landlock layer allows writes to their directory only.
+            landlock["write_files"] = ["/proc"]
+        return spec | {"landlock": landlock}
 
     def _landlock(
         self, writable: list[str], readable: list[str] | None = None, devices: list[str] | None = None

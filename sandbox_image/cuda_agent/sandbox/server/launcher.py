@@ -142,8 +142,9 @@ def _mask_paths(masks: list[dict[str, Any]], hide: list[str], new_proc: bool) ->
             _mount("/dev/null", path, None, MS_BIND, None)
 
 
-def _landlock(read: list[str], write: list[str]) -> None:
-    """Confine the filesystem view: read-only beneath `read`, everything beneath `write`, nothing else.
+def _landlock(read: list[str], write: list[str], write_files: list[str] | tuple[str, ...] = ()) -> None:
+    """Confine the filesystem view: read-only beneath `read`, everything beneath `write`, reading and
+    writing existing files (no creation, no ioctl) beneath `write_files`, nothing else.
 
     Restricted mode runs every session under one uid, so this is what keeps one session out of another's
     workspace (and out of judge snapshots). Kernels without Landlock run unconfined (reported at startup).
@@ -158,7 +159,12 @@ def _landlock(read: list[str], write: list[str]) -> None:
     size = 24 if abi >= 6 else 8
     ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
     try:
-        for paths, rights in ((read, LL_EXECUTE | LL_READ_FILE | LL_READ_DIR), (write, handled)):
+        update = (LL_READ_FILE | LL_READ_DIR | LL_WRITE_FILE | (1 << 14)) & handled  # + truncate
+        for paths, rights in (
+            (read, LL_EXECUTE | LL_READ_FILE | LL_READ_DIR),
+            (write, handled),
+            (write_files, update),
+        ):
             for path in paths:
                 try:
                     fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -228,7 +234,8 @@ def confine(spec: dict[str, Any]) -> None:
         _check(_libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
         step = "landlock"
         if spec.get("landlock"):
-            _landlock(spec["landlock"]["read"], spec["landlock"]["write"])
+            rules = spec["landlock"]
+            _landlock(rules["read"], rules["write"], rules.get("write_files", ()))
         step = "seccomp"
         if spec.get("seccomp"):
             _install_seccomp(bytes.fromhex(spec["seccomp"]))

@@ -1,0 +1,179 @@
+"""On a lent GPU: a judge confined as a user-namespaced pool's judges are (restricted mode, one uid, a user
+namespace with its own mount, IPC and network namespaces, Landlock, the judge's seccomp filter) still
+judges on the GPU, and its /dev/shm is its own.
+
+The confinement is the server's own (`Isolation.judge_spec`, then the launcher), built as uid 65532 (the
+sandbox pods' uid), so this checks exactly what such a pod's judges get, minus the pod itself. Run as root
+on the GPU host (it drops to 65532 for the check), with pydantic on --deps:
+
+    python3 tests/gpu/userns_judge_check.py --deps /tmp/site --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SANDBOX_UID = 65532
+TASK = "examples/tasks/relu_mul_add.py"
+CANDIDATE = "examples/solutions/relu_mul_add/cuda"
+CODE = ("platform", "trainer", "sandbox_image", TASK, CANDIDATE)
+PROBE = (
+    "echo planted > /dev/shm/judge-probe && ls -A /dev/shm | tr '\\n' ' '; echo; "
+    "cat /proc/self/uid_map; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\\n' ' '"
+)
+
+
+def _paths(code: Path) -> str:
+    return os.pathsep.join(str(code / d) for d in ("deps", "platform", "trainer", "sandbox_image"))
+
+
+def copy_code(code: Path, deps: str) -> None:
+    """The checkout may sit below a directory the sandbox uid cannot enter (/root): a readable copy."""
+    for rel in CODE:
+        source, target = REPO / rel, code / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, target)
+    if deps:
+        shutil.copytree(deps, code / "deps")
+    subprocess.run(["chmod", "-R", "a+rX", str(code.parent)], check=True)
+
+
+def check(state: Path, code: Path) -> dict[str, object]:
+    """As the sandbox uid: build the user-namespaced judge spec and run a probe and one GPU judgement."""
+    sys.path[:0] = _paths(code).split(os.pathsep)
+    from cuda_agent.sandbox.server.config import SandboxServerConfig
+    from cuda_agent.sandbox.server.isolation import Isolation
+
+    config = SandboxServerConfig(state_dir=state, isolation="restricted", user_namespaces="on")
+    isolation = Isolation(config, "restricted", private_mounts=False)
+    job = state / "jobs" / "0"
+    snapshot, scratch, cache = job / "snapshot", job / "scratch", state / "cache"
+    for d in (snapshot, scratch, cache):
+        d.mkdir(parents=True, exist_ok=True)
+    shutil.copy(code / TASK, snapshot / "task.py")
+    shutil.copytree(code / CANDIDATE, snapshot / "candidate")
+    env = isolation.base_env() | {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": _paths(code),
+        "HOME": str(scratch),
+        "TMPDIR": str(scratch),
+        "USER": "cuda-agent-judge",  # as the server's judge environment (judge_runner._env)
+        "LOGNAME": "cuda-agent-judge",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "CUDA_VISIBLE_DEVICES": "0",
+        "CUDA_AGENT_JUDGE_CACHE": str(cache),
+    }
+    slot = isolation.slot(0)
+    result: dict[str, object] = {"user_namespaces": isolation.user_namespaces, "uid": os.getuid()}
+
+    def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        spec = isolation.judge_spec(slot, argv, env, str(scratch), [str(scratch), str(cache)], [str(job)])
+        return subprocess.run(
+            isolation.launch_argv(spec), capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    # Which step, if any, keeps CUDA from starting: each variant of the judge's spec runs a CUDA probe.
+    cuda_probe = [
+        sys.executable,
+        "-c",
+        "import torch; print(torch.cuda.device_count(), torch.ones(1, device='cuda').item())",
+    ]
+    base = isolation.judge_spec(slot, cuda_probe, env, str(scratch), [str(scratch), str(cache)], [str(job)])
+    fallback: dict[str, Any] = dict.fromkeys(
+        ("new_userns", "new_mountns", "new_ipcns", "new_netns"), False
+    ) | {"masks": []}
+    landlock = base["landlock"] or {"read": [], "write": []}
+    variants: dict[str, dict[str, Any]] = {
+        "judge spec (userns+mnt+ipc+net)": {},
+        "fallback (no namespaces)": fallback,
+        "fallback, no landlock": fallback | {"landlock": None},
+        "fallback, landlock writes /proc/self": fallback
+        | {"landlock": {"read": landlock["read"], "write": [*landlock["write"], "/proc/self"]}},
+        "fallback, landlock writes /proc/driver": fallback
+        | {"landlock": {"read": landlock["read"], "write": [*landlock["write"], "/proc/driver"]}},
+        "fallback, landlock writes /proc/self/task": fallback
+        | {"landlock": {"read": landlock["read"], "write": [*landlock["write"], "/proc/self/task"]}},
+        "userns spec, no landlock": {"landlock": None},
+    }
+    for name, change in variants.items():
+        proc = subprocess.run(
+            isolation.launch_argv(base | change), capture_output=True, text=True, timeout=120, check=False
+        )
+        result[f"cuda: {name}"] = (proc.stdout.strip() or proc.stderr.strip()[-160:]).replace("\n", " | ")
+    probe = run(["/bin/sh", "-c", PROBE], 60)
+    result["probe"] = (probe.stdout + probe.stderr).strip()
+    result["host_dev_shm_has_probe"] = Path("/dev/shm/judge-probe").exists()
+    start = time.monotonic()
+    argv = [
+        sys.executable,
+        "-m",
+        "cuda_agent.cli",
+        "judge",
+        str(snapshot / "task.py"),
+        str(snapshot / "candidate"),
+    ]
+    judged = run([*argv, "--device", "cuda", "--json", "--compile-mode", "none", "--no-service"], 400)
+    result["judge_wall_s"] = round(time.monotonic() - start, 1)
+    result["judge_rc"] = judged.returncode
+    try:
+        verdict = json.loads(judged.stdout)
+        result |= {k: verdict.get(k) for k in ("reward", "correct", "speedup", "violations", "error")}
+    except json.JSONDecodeError:
+        result["stdout_tail"] = judged.stdout[-1500:]
+    result["stderr_tail"] = judged.stderr[-1500:]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deps", default="")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
+    parser.add_argument("--state", type=Path, default=Path("/srv/cuda-agent-userns-check"))
+    args = parser.parse_args()
+    shutil.rmtree(args.state, ignore_errors=True)
+    code, state = args.state / "code", args.state / "state"
+    copy_code(code, args.deps)
+    state.mkdir(parents=True)
+    os.chown(state, SANDBOX_UID, SANDBOX_UID)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the sandbox uid, as a pod runs it: no supplementary groups, no capabilities
+        os.close(read_fd)
+        os.setgroups([])
+        os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+        os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
+        try:
+            payload = check(state, code)
+        except Exception as exc:  # reported, not raised: the parent prints the table
+            payload = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(write_fd, json.dumps(payload).encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        raw = pipe.read()
+    os.waitpid(pid, 0)
+    result = json.loads(raw) if raw else {"error": "no result"}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "userns_judge_check.json").write_text(json.dumps(result, indent=1))
+    for key, value in result.items():
+        print(f"{key:<24} {str(value)[:300]}")
+    ok = result.get("user_namespaces") is True and result.get("reward") in (1, 2, 3)
+    ok = ok and not result.get("host_dev_shm_has_probe")
+    print("userns_judge_check:", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
