@@ -267,6 +267,7 @@ class LocalExecutor:
         settings |= {
             "host": "127.0.0.1",
             "port": int(local.sandbox_url.rsplit(":", 1)[1]),
+            "metrics_port": None,  # a pod's fixed port would collide between local servers; /metrics stays
             "state_dir": str(local.sandbox_state / "state"),
             "gpus": None,
             # Several local servers (runs, tests) share this machine's uids: each takes its own range.
