@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import importlib.util
 import json
 import logging
@@ -100,6 +101,7 @@ def vllm_backend(tokenizer: Any) -> GenerationBackend:
     from cuda_agent.rollout.vllm_engine import VLLMBackend, VLLMEngine, VLLMEngineConfig
 
     directory = Path(tempfile.mkdtemp(prefix="rollout-bench-model-", dir="/tmp"))
+    atexit.register(shutil.rmtree, directory, True)
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -156,6 +157,7 @@ async def main(gguf_dir: Path, use_ray: bool) -> dict[str, object]:
         hook_follow = (await engines[0].generate(prompt_a, GREEDY)).token_ids == greedy_ids(model, prompt_a)
     finally:
         stop()
+        shutil.rmtree(work, ignore_errors=True)
     return {
         "ray": use_ray,
         "tokens": len(a1.token_ids),
