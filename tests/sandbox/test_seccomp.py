@@ -365,6 +365,13 @@ def outside_tmp() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
+def _interpreter_below_tmp() -> list[str]:
+    """A checkout cloned under /tmp (CI may clone there) keeps its virtualenv there: bound back into the
+    command's /tmp, as the server's own masks do (isolation._mask), or the command could not start."""
+    prefix = os.path.realpath(sys.prefix)
+    return [prefix] if prefix.startswith("/tmp/") else []
+
+
 def _launch_under_profile(
     profile: Path, agent_filter: bool, tmp_path: Path
 ) -> subprocess.CompletedProcess[str]:
@@ -391,7 +398,7 @@ def _launch_under_profile(
         "/",
         **dict.fromkeys(names, True),
         masks=[
-            {"path": "/tmp", "expose": [], "source": str(session_tmp)},
+            {"path": "/tmp", "expose": _interpreter_below_tmp(), "source": str(session_tmp)},
             {"path": str(masked), "expose": []},
         ],
         hide=[str(device_dir), str(device)],
@@ -419,7 +426,8 @@ def test_userns_profile_lets_the_launcher_build_the_namespaces_and_the_agent_fil
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["pids"] == ["1"]  # its own PID namespace and /proc
-    assert seen["tmp"] == ["own"]  # the session's tmp/ bound over /tmp
+    exposed = {Path(p).relative_to("/tmp").parts[0] for p in _interpreter_below_tmp()}
+    assert sorted(seen["tmp"]) == sorted({"own", *exposed})  # the session's tmp/ bound over /tmp
     assert seen["masked"] == [] and seen["device_dir"] in ([], "PermissionError") and seen["device"] == ""
     assert seen["unshare_user"] == seen["mount"] == seen["unshare_uts"] == seen["mount_shared"] == "EPERM"
     # Without the agent filter only the variant's argument checks stand: the launcher's kinds of
