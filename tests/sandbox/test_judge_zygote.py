@@ -84,28 +84,20 @@ def _judge(
 
 
 def test_forked_judge_gives_the_verdict(loop: asyncio.AbstractEventLoop, zygote: JudgeZygote) -> None:
+    """Two judges forked from one zygote judge the same way; the second is confined as a user-namespaced
+    pool's judges are (restricted mode with user namespaces, Isolation.judge_spec): it enters a user
+    namespace after the zygote's preload (unshare(CLONE_NEWUSER) needs a single-threaded caller: a forked
+    child is one) and judges there, loopback only, with its own /dev/shm."""
     assert zygote.hello["ready"] and zygote.hello["level"] == "full"
     assert "torch._inductor.compile_fx" in zygote.hello["loaded"]  # judges and workers inherit inductor
-    for _ in range(2):  # the second judge is forked from the same zygote and must judge the same way
-        code, out, err = _judge(loop, zygote, [str(TASK), str(SOLUTION), *QUICK])
+    shm = {"path": "/dev/shm", "expose": [], "size_kib": 1 << 20, "mode": "1777"}
+    namespaced = dict.fromkeys(("new_userns", "new_mountns", "new_ipcns", "new_netns"), True)
+    for confinement in ({}, {"masks": [shm], **namespaced}):
+        code, out, err = _judge(loop, zygote, [str(TASK), str(SOLUTION), *QUICK], **confinement)
         assert code == 0, err
         result = json.loads(out)
         assert result["reward"] >= 1 and result["correct"] and result["error"] is None
         assert str(result["isolation"]["landlock"]).startswith("on")  # the worker still confines itself
-
-
-def test_forked_judge_judges_in_its_own_user_mount_ipc_and_network_namespaces(
-    loop: asyncio.AbstractEventLoop, zygote: JudgeZygote
-) -> None:
-    """What a user-namespaced pool's judges get (restricted mode with user namespaces, Isolation.judge_spec):
-    the forked judge enters a user namespace after the zygote's preload (unshare(CLONE_NEWUSER) needs a
-    single-threaded caller: a forked child is one) and judges there, loopback only, with its own /dev/shm."""
-    shm = {"path": "/dev/shm", "expose": [], "size_kib": 1 << 20, "mode": "1777"}
-    namespaces = dict.fromkeys(("new_userns", "new_mountns", "new_ipcns", "new_netns"), True)
-    code, out, err = _judge(loop, zygote, [str(TASK), str(SOLUTION), *QUICK], masks=[shm], **namespaces)
-    assert code == 0, err
-    result = json.loads(out)
-    assert result["reward"] >= 1 and result["correct"] and result["error"] is None
 
 
 def test_usage_error_exit_code_and_message(loop: asyncio.AbstractEventLoop, zygote: JudgeZygote) -> None:
