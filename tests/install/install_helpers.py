@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,3 +70,12 @@ def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 120.0) -
             return last
         time.sleep(0.3)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 now (a liveness endpoint polled by wait_for)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False

@@ -32,7 +32,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 from fixtures.cluster import GPU_PRODUCT, KubeCluster
-from install_helpers import CHART, REPO, wait_for
+from install_helpers import CHART, REPO, answers, wait_for
 
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import pool_children, run_children
@@ -400,7 +400,7 @@ def test_operator_image_reconciles_a_sandbox_pool_on_the_real_apiserver(
         )
     try:
         wait_for(
-            lambda: proc.poll() is not None or _answers(f"http://127.0.0.1:{liveness}/healthz"),
+            lambda: proc.poll() is not None or answers(f"http://127.0.0.1:{liveness}/healthz"),
             "the operator's liveness endpoint",
         )
         assert proc.poll() is None, log_path.read_text()[-3000:]
@@ -431,11 +431,3 @@ def test_operator_image_reconciles_a_sandbox_pool_on_the_real_apiserver(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False

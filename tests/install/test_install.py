@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.cluster import GPU_PRODUCT, KubeCluster
-from install_helpers import CHART, EXAMPLE_KEYS, GPU_EXAMPLE, Helm, find, wait_for
+from install_helpers import CHART, EXAMPLE_KEYS, GPU_EXAMPLE, Helm, answers, find, wait_for
 
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import labels
@@ -239,7 +239,7 @@ def _run_operator_and_reconcile(
         )
     try:
         wait_for(
-            lambda: proc.poll() is not None or _answers(f"http://127.0.0.1:{liveness_port}/healthz"),
+            lambda: proc.poll() is not None or answers(f"http://127.0.0.1:{liveness_port}/healthz"),
             "the operator's liveness endpoint",
         )
         assert proc.poll() is None, log_path.read_text()[-3000:]
@@ -305,11 +305,3 @@ def _run_operator_and_reconcile(
     # content in namespace ... because it is being terminated", which is no RBAC matter.)
     refused = [line for line in log_path.read_text().splitlines() if 'forbidden: User "system:' in line]
     assert not refused, "\n".join(refused[:20])
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
