@@ -183,12 +183,8 @@ def network_policy(
     collector and DNS only), ingress only on the server port from the trainer pods of runs that use this
     pool and from the operator (which reads load), and, when the operator knows Prometheus's pod labels,
     from those pods on the metrics-only port."""
-    scrape = [
-        {
-            "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": dict(scraper_labels)}}],
-            "ports": [{"protocol": "TCP", "port": SANDBOX_METRICS_PORT}],
-        }
-    ]
+    scrapers = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(scraper_labels)}}
+    scrape = {"from": [scrapers], "ports": [{"protocol": "TCP", "port": SANDBOX_METRICS_PORT}]}
     return with_hash(
         {
             "apiVersion": "networking.k8s.io/v1",
@@ -208,7 +204,7 @@ def network_policy(
                         ],
                         "ports": [{"protocol": "TCP", "port": SANDBOX_PORT}],
                     },
-                    *(scrape if scraper_labels else []),
+                    *([scrape] if scraper_labels else []),
                 ],
                 "egress": _trace_egress(export) if export is not None else [],
             },

@@ -99,7 +99,7 @@ def _event_time(event: Mapping[str, Any]) -> datetime | None:
     return None
 
 
-async def refused_pods(
+async def _refused_pods(
     context: OperatorContext, namespace: str, name: str, now: datetime
 ) -> Condition | None:
     """Pods the StatefulSet controller could not create (Pod Security admission, a quota, a webhook):
@@ -403,7 +403,7 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
         problems.append(Condition(PoolCondition.DEGRADED, True, "ApplyFailed", "; ".join(errors)[:2000]))
     live = [p for p in pods if not p.terminating]
     missing = sts is not None and len(live) < min(current, plan.statefulset_replicas)
-    refused = await refused_pods(context, namespace, name, now) if missing else None
+    refused = await _refused_pods(context, namespace, name, now) if missing else None
     problems += [refused] if refused is not None else []
 
     # 5. One status write.
