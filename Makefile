@@ -32,7 +32,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check $(wildcard platform trainer sandbox_image tests bench)
 
 typecheck: venv
-	$(VENV)/bin/mypy $(wildcard platform/cuda_agent sandbox_image/cuda_agent trainer/cuda_agent)
+	$(VENV)/bin/mypy --cache-dir $(HOME)/.cache/cuda-agent/mypy $(wildcard platform/cuda_agent sandbox_image/cuda_agent trainer/cuda_agent)
 
 pytest: venv binaries
 	bash .ci/pytest.sh

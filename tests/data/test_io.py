@@ -232,6 +232,7 @@ def test_filter_cli_refilters_a_published_set(tmp_path: Path, catalogue: Catalog
     assert [s.id for s in read_ops6k(str(out / "dataset.parquet"))] == [good.id]
 
 
+@pytest.mark.ray
 def test_ray_fan_out_matches_inline(catalogue: Catalogue) -> None:
     import ray
 
