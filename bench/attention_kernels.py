@@ -9,6 +9,11 @@ head dim 128, bf16, batch 1) at 32,768 and 131,072 tokens, through each SDPA bac
 Attention is most of the train step at 131,072 tokens (docs/performance.md: ~11 of 13.5 s), so this says
 whether another kernel could move the long-context ratio. Every backend's output and gradients are
 compared with the flash backend's (bf16, same inputs): a fast kernel that computes something else is a bug.
+`--model-layer` instead profiles one decoder layer of the 1.5B shape built by transformers exactly as
+the trainer builds it (`attentionBackend` auto and cudnn), forward + backward at each length, and prints
+which kernels took the time: the microbenchmark above says what a kernel can do, this says which one
+the trainer gets.
+
 Times are CUDA-event medians of `--repeats` calls after a warm-up; TFLOP/s counts the causal half
 (forward 2·L²·H·D, backward 2.5x the forward). The ratio column is against flash in the same run.
 """
@@ -112,6 +117,50 @@ def measure(
     return row, result
 
 
+def layer_step(backbone: torch.nn.Module, ids: torch.Tensor) -> None:
+    backbone(input_ids=ids, use_cache=False).last_hidden_state.float().square().mean().backward()
+    torch.cuda.synchronize()
+
+
+def profile_model_layer(lengths: list[int], out: Path | None) -> None:
+    """Kernels (CUDA time) of one Qwen2 decoder layer's forward + backward per trainer attentionBackend."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from cuda_agent.api.trainingrun import TrainerSpec
+    from cuda_agent.trainer.models import attention_implementation, backbone_of, set_attention_backend
+
+    for backend in ("auto", "cudnn"):
+        spec = TrainerSpec.model_validate({"attentionBackend": backend, "engine": "torch"})
+        set_attention_backend(spec)
+        config = Qwen2Config(
+            hidden_size=1536, intermediate_size=8960, num_hidden_layers=1, num_attention_heads=12,
+            num_key_value_heads=2, vocab_size=1024, max_position_embeddings=max(lengths),
+            rope_theta=1_000_000.0, use_cache=False,
+        )  # fmt: skip
+        model = Qwen2ForCausalLM._from_config(
+            config, attn_implementation=attention_implementation(spec), dtype=torch.bfloat16
+        ).cuda()
+        backbone = backbone_of(model)
+        for length in lengths:
+            ids = torch.randint(0, 1024, (1, length), device="cuda")
+            layer_step(backbone, ids)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                layer_step(backbone, ids)
+            events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
+            total = sum(e.device_time_total for e in events) / 1e3
+            print(f"\nattentionBackend {backend}, {length} tokens: {total:.1f} ms of kernels; the top 5:")
+            for event in events[:5]:
+                print(f"  {event.device_time_total / 1e3:9.1f} ms  {event.count:4d}x  {event.key[:90]}")
+            if out is not None:
+                rows = [
+                    {"kernel": e.key, "ms": e.device_time_total / 1e3, "count": e.count} for e in events[:20]
+                ]
+                (out / f"layer_{backend}_{length}.json").write_text(json.dumps(rows, indent=1))
+        del model, backbone
+        torch.cuda.empty_cache()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -122,6 +171,7 @@ def main() -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-flex", action="store_true")
+    parser.add_argument("--model-layer", action="store_true", help="profile the trainer's decoder layer")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -132,6 +182,11 @@ def main() -> int:
         f"cudnn {torch.backends.cudnn.version() if device == 'cuda' else '-'}",
         flush=True,
     )
+    if args.model_layer:
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+        profile_model_layer([int(x) for x in args.lengths.split(",") if x], args.out)
+        return 0
     candidates: list[tuple[str, Callable[[int], Attention]]] = [
         ("flash (GQA)", lambda n: sdpa(SDPBackend.FLASH_ATTENTION, expand_kv=False)),
         ("flash (kv expanded)", lambda n: sdpa(SDPBackend.FLASH_ATTENTION, expand_kv=True)),
