@@ -1,6 +1,7 @@
 """On a lent GPU: a judge confined as a user-namespaced pool's judges are (restricted mode, one uid, a user
-namespace with its own mount, IPC and network namespaces, Landlock, the judge's seccomp filter) still
-judges on the GPU, and its /dev/shm is its own.
+namespace with its own PID, mount, IPC and network namespaces, Landlock, the judge's seccomp filter) still
+judges on the GPU, taking the GPU's lock as under the server (CUDA_AGENT_GPU_LOCK, the lock files in its
+Landlock rules); its /dev/shm is its own, and it sees no process but its own (it is its namespace's pid 1).
 
 The confinement is the server's own (`Isolation.judge_spec`, then the launcher), built as uid 65532 (the
 sandbox pods' uid), so this checks exactly what such a pod's judges get, minus the pod itself. Run as root
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,8 +30,10 @@ CANDIDATE = "examples/solutions/relu_mul_add/cuda"
 CODE = ("platform", "trainer", "sandbox_image", TASK, CANDIDATE)
 PROBE = (
     "echo planted > /dev/shm/judge-probe && ls -A /dev/shm | tr '\\n' ' '; echo; "
-    "cat /proc/self/uid_map; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\\n' ' '"
+    "cat /proc/self/uid_map; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\\n' ' '; echo; "
+    "echo pid $$ sees $(ls /proc | grep -c '^[0-9]') processes, pid 1: $(tr '\\0' ' ' < /proc/1/cmdline)"
 )
+MAX_VISIBLE = 8  # the probe's shell (pid 1), ls, grep and the command substitutions' subshells
 
 
 def _paths(code: Path) -> str:
@@ -53,6 +57,7 @@ def copy_code(code: Path, deps: str) -> None:
 def check(state: Path, code: Path) -> dict[str, object]:
     """As the sandbox uid: build the user-namespaced judge spec and run a probe and one GPU judgement."""
     sys.path[:0] = _paths(code).split(os.pathsep)
+    from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
     from cuda_agent.sandbox.server.config import SandboxServerConfig
     from cuda_agent.sandbox.server.isolation import Isolation
 
@@ -64,6 +69,9 @@ def check(state: Path, code: Path) -> dict[str, object]:
         d.mkdir(parents=True, exist_ok=True)
     shutil.copy(code / TASK, snapshot / "task.py")
     shutil.copytree(code / CANDIDATE, snapshot / "candidate")
+    (state / "gpu").mkdir(mode=0o770)
+    lock = GpuTicketLock(state / "gpu" / "gpu0.lock")  # as the server makes it (JudgeService.prepare_dirs)
+    lock.create(os.getgid())
     env = isolation.base_env() | {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": _paths(code),
@@ -74,12 +82,15 @@ def check(state: Path, code: Path) -> dict[str, object]:
         "PYTHONDONTWRITEBYTECODE": "1",
         "CUDA_VISIBLE_DEVICES": "0",
         "CUDA_AGENT_JUDGE_CACHE": str(cache),
+        GPU_LOCK_ENV: str(lock.path),
     }
+    # What the server lets a GPU judge write (JudgeService._run_in_slot): scratch, cache, its GPU's lock.
+    writable = [str(scratch), str(cache), str(lock.path), str(lock.owners_dir)]
     slot = isolation.slot(0)
     result: dict[str, object] = {"user_namespaces": isolation.user_namespaces, "uid": os.getuid()}
 
     def run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        spec = isolation.judge_spec(slot, argv, env, str(scratch), [str(scratch), str(cache)], [str(job)])
+        spec = isolation.judge_spec(slot, argv, env, str(scratch), writable, [str(job)])
         return subprocess.run(
             isolation.launch_argv(spec), capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -90,9 +101,9 @@ def check(state: Path, code: Path) -> dict[str, object]:
         "-c",
         "import torch; print(torch.cuda.device_count(), torch.ones(1, device='cuda').item())",
     ]
-    base = isolation.judge_spec(slot, cuda_probe, env, str(scratch), [str(scratch), str(cache)], [str(job)])
+    base = isolation.judge_spec(slot, cuda_probe, env, str(scratch), writable, [str(job)])
     fallback: dict[str, Any] = dict.fromkeys(
-        ("new_userns", "new_mountns", "new_ipcns", "new_netns"), False
+        ("new_userns", "new_mountns", "new_ipcns", "new_netns", "new_pidns"), False
     ) | {"masks": []}
     landlock = base["landlock"] or {"read": [], "write": []}
     variants: dict[str, dict[str, Any]] = {
@@ -106,6 +117,7 @@ def check(state: Path, code: Path) -> dict[str, object]:
         "fallback, landlock writes /proc/self/task": fallback
         | {"landlock": {"read": landlock["read"], "write": [*landlock["write"], "/proc/self/task"]}},
         "userns spec, no landlock": {"landlock": None},
+        "userns spec, no PID namespace": {"new_pidns": False},
     }
     for name, change in variants.items():
         proc = subprocess.run(
@@ -114,6 +126,8 @@ def check(state: Path, code: Path) -> dict[str, object]:
         result[f"cuda: {name}"] = (proc.stdout.strip() or proc.stderr.strip()[-160:]).replace("\n", " | ")
     probe = run(["/bin/sh", "-c", PROBE], 60)
     result["probe"] = (probe.stdout + probe.stderr).strip()
+    seen = re.search(r"pid (\d+) sees (\d+) processes", probe.stdout)
+    result["probe_pid_namespace"] = seen is not None and seen[1] == "1" and int(seen[2]) <= MAX_VISIBLE
     result["host_dev_shm_has_probe"] = Path("/dev/shm/judge-probe").exists()
     start = time.monotonic()
     argv = [
@@ -133,6 +147,12 @@ def check(state: Path, code: Path) -> dict[str, object]:
     except json.JSONDecodeError:
         result["stdout_tail"] = judged.stdout[-1500:]
     result["stderr_tail"] = judged.stderr[-1500:]
+    held = lock.read()
+    result["gpu_lock"] = {
+        "acquisitions": held.acquisitions,
+        "held": held.holder is not None,
+        "queued": held.queued,
+    }
     return result
 
 
@@ -170,7 +190,8 @@ def main() -> int:
     for key, value in result.items():
         print(f"{key:<24} {str(value)[:300]}")
     ok = result.get("user_namespaces") is True and result.get("reward") in (1, 2, 3)
-    ok = ok and not result.get("host_dev_shm_has_probe")
+    ok = ok and not result.get("host_dev_shm_has_probe") and result.get("probe_pid_namespace") is True
+    ok = ok and result.get("gpu_lock") == {"acquisitions": 1, "held": False, "queued": 0}
     print("userns_judge_check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

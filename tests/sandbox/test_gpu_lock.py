@@ -1,12 +1,15 @@
-"""The per-device FIFO ticket lock: order, exclusion, dead holders and waiters, the judge's use of it around
-verify + profile, and the server's view of the same state file."""
+"""The per-device FIFO ticket lock: order, exclusion, dead holders and waiters (told by the flock on their
+ticket files, across uids and PID namespaces), corrupt state, the judge's use of it around verify +
+profile, and the server's view of the same state file."""
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,12 +22,13 @@ from typing import Any
 
 import pytest
 import yaml
-from sandbox_helpers import TASK, cleanup, needs_root, start_server
+from sandbox_helpers import TASK, cleanup, needs_root, start_restricted_server, start_server, state_root
 
-from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock, device_lock
+from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock, LockState, device_lock
 from cuda_agent.sandbox.judge.config import JudgeConfig
 from cuda_agent.sandbox.judge.errors import RunStopped
 from cuda_agent.sandbox.judge.orchestrator import Orchestrator
+from cuda_agent.sandbox.server.isolation import launch_argv, unconfined_spec
 from cuda_agent.sandbox.server.models import EvaluateRequest, JudgeOptions, TaskRef
 
 CANDIDATE = """import torch
@@ -119,13 +123,183 @@ def test_a_killed_holder_does_not_block_the_queue(tmp_path: Path) -> None:
 
 def test_tickets_of_dead_waiters_are_skipped(tmp_path: Path) -> None:
     lock = GpuTicketLock(tmp_path / "gpu0.lock")
-    dead = mp.get_context("fork").Process(target=lambda: None)
+    dead = mp.get_context("fork").Process(target=lambda: GpuTicketLock(lock.path).draw_ticket())
     dead.start()
-    dead.join()
-    lock.draw_ticket([dead.pid or 0, 1])  # a waiter that died before its turn
+    dead.join()  # a waiter that drew ticket 0 and died before its turn, without giving it back
+    assert (lock.owners_dir / "0").exists()
     with lock.acquire(timeout_s=30) as hold:
         assert hold.ticket == 1
     assert lock.read().serving == 2
+    assert list(lock.owners_dir.iterdir()) == []  # the dead ticket's file was removed with it
+
+
+def _acquire_and_report(path: str, name: str, served: mp.Queue) -> None:  # type: ignore[type-arg]
+    with GpuTicketLock(path).acquire(timeout_s=120):
+        served.put(name)
+
+
+def test_a_killed_waiter_is_skipped(tmp_path: Path) -> None:
+    lock = GpuTicketLock(tmp_path / "gpu0.lock")
+    ctx = mp.get_context("fork")
+    served = ctx.Queue()
+    hold = lock.acquire()
+    waiters = []
+    for name in ("killed", "next"):
+        waiters.append(ctx.Process(target=_acquire_and_report, args=(str(lock.path), name, served)))
+        waiters[-1].start()
+        queued = len(waiters)
+        _wait_for(lambda: lock.read().queued == queued, f"{name} queued")  # noqa: B023
+    os.kill(waiters[0].pid or 0, signal.SIGKILL)
+    waiters[0].join()
+    assert lock.read().queued == 1
+    hold.release()
+    assert served.get(timeout=60) == "next"
+    waiters[1].join(timeout=60)
+    state = lock.read()
+    assert state.holder is None and state.queued == 0 and state.acquisitions == 2
+
+
+def test_a_ticket_is_alive_to_its_owners_own_process_too(tmp_path: Path) -> None:
+    """flock, unlike POSIX record locks (lockf/fcntl), conflicts between two open()s of one process: the
+    holder's own reads (another descriptor of its ticket file) must see it alive and never reap it."""
+    lock = GpuTicketLock(tmp_path / "gpu0.lock")
+    with lock.acquire() as hold:
+        ticket_file = lock.owners_dir / str(hold.ticket)
+        fd = os.open(ticket_file, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        assert lock.read().holder == hold.ticket
+        assert GpuTicketLock(lock.path).read().holder == hold.ticket  # another lock object, same process
+    assert not ticket_file.exists() and lock.read().holder is None
+
+
+def test_a_forked_child_gives_back_only_its_copy_of_the_ticket(tmp_path: Path) -> None:
+    lock = GpuTicketLock(tmp_path / "gpu0.lock")
+    hold = lock.acquire()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            hold.release()  # the child's inherited copy: closed, the parent's hold untouched
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert lock.read().holder == hold.ticket
+    hold.release()
+    assert lock.read().holder is None
+
+
+def _waiting_waiter(path: str) -> None:
+    with GpuTicketLock(path).acquire(timeout_s=120):
+        pass
+
+
+def _overwrite_state(lock: GpuTicketLock, text: str) -> None:
+    """Under the state file's flock, as any corruption would land: a waiter polling meanwhile must not
+    write its older view over it."""
+    with open(lock.path, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.truncate()
+        f.write(text)
+
+
+INCONSISTENT = '{"next_ticket": 1, "serving": 5, "owners": []}'
+
+
+def test_unreadable_or_inconsistent_states_are_refused() -> None:
+    for text in (
+        "{not json",
+        "[]",
+        '{"next_ticket": "x"}',
+        INCONSISTENT,
+        '{"next_ticket": 2, "owners": [0]}',
+    ):
+        with pytest.raises((ValueError, KeyError, TypeError)):
+            LockState.parse(text)
+
+
+@pytest.mark.parametrize("corrupt", ["{not json", INCONSISTENT, ""], ids=["garbage", "inconsistent", "empty"])
+def test_a_corrupt_state_file_is_rebuilt_from_the_live_tickets(tmp_path: Path, corrupt: str) -> None:
+    """The queue survives: the holder keeps the GPU to itself (its ticket is served first, so the waiter
+    cannot take it) and the waiter gets it once the holder is done."""
+    lock = GpuTicketLock(tmp_path / "gpu0.lock")
+    hold = lock.acquire()
+    waiter = mp.get_context("fork").Process(target=_waiting_waiter, args=(str(lock.path),))
+    waiter.start()
+    _wait_for(lambda: lock.read().queued == 1, "the waiter queued")
+    _overwrite_state(lock, corrupt)
+    state = lock.read()
+    assert state.owners == [hold.ticket, hold.ticket + 1] and state.serving == hold.ticket
+    assert state.next_ticket == hold.ticket + 2
+    hold.release()
+    waiter.join(timeout=60)
+    assert waiter.exitcode == 0
+    state = lock.read()  # acquisitions: only the waiter's, counted in the rebuilt state
+    assert state.holder is None and state.queued == 0 and state.acquisitions == 1
+    _overwrite_state(lock, corrupt)  # nobody left: a fresh queue
+    with lock.acquire(timeout_s=30):
+        assert lock.read().holder is not None
+
+
+TAKE_THE_LOCK = """
+import os, sys, time
+from cuda_agent.sandbox.gpu_lock import GpuTicketLock
+try:
+    hold = GpuTicketLock(sys.argv[1]).acquire(timeout_s=float(sys.argv[2]))
+except TimeoutError:
+    print("timeout", flush=True)
+    raise SystemExit(0)
+print(os.getpid(), hold.ticket, flush=True)
+if sys.argv[3] == "hold":
+    time.sleep(600)
+"""
+
+
+@needs_root()
+def test_judges_of_other_uids_in_pid_namespaces_of_their_own_share_the_lock() -> None:
+    """As root mode's judges run: each in its own PID namespace (so both are pid 1 there), under its own
+    uid with umask 077, sharing only the judges' group, with the lock the server created. The second
+    waits while the first holds, and is served once the first is killed."""
+    group, uids = 60980, (60981, 60982)
+    root = state_root("gpulock-")
+    gpu_dir = root / "gpu"
+    gpu_dir.mkdir()
+    os.chown(gpu_dir, 0, group)
+    os.chmod(gpu_dir, 0o770)
+    lock = GpuTicketLock(gpu_dir / "gpu0.lock")
+    lock.create(group)
+
+    # The interpreter may live below /root (0700): covered, with the interpreter bound back in, as the
+    # server's masks do (isolation._expose_paths).
+    expose = sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))})
+    masks = [{"path": "/root", "expose": expose}]
+
+    def judge(uid: int, timeout_s: float, then: str) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-c", TAKE_THE_LOCK, str(lock.path), str(timeout_s), then]
+        env = {"PATH": os.environ["PATH"], "HOME": str(root)}
+        spec = unconfined_spec(argv, env, str(root), uid=uid, gid=uid, groups=[group], umask=0o077)
+        spec |= {"new_pidns": True, "new_mountns": True, "masks": masks}
+        return subprocess.Popen(launch_argv(spec), stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    holder = judge(uids[0], 30, "hold")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().split() == ["1", "0"]
+        out, _ = judge(uids[1], 0.3, "exit").communicate(timeout=60)
+        assert out.split() == ["timeout"]  # the holder is alive to another uid in another namespace
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+        out, _ = judge(uids[1], 30, "exit").communicate(timeout=60)
+        assert out.split() == ["1", "2"]
+        state = lock.read()
+        assert state.holder is None and state.queued == 0 and state.acquisitions == 2
+        assert list(lock.owners_dir.iterdir()) == []
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+        shutil.rmtree(root)
 
 
 def test_the_device_lock_is_the_servers_state_file_or_one_per_physical_device(
@@ -262,3 +436,26 @@ def test_concurrent_gpu_judging_never_overlaps_and_reports_lock_wait() -> None:
     finally:
         cleanup(running)
         config.unlink()
+
+
+@needs_root()
+def test_restricted_judges_take_the_gpu_lock_from_their_own_pid_namespace() -> None:
+    """Restricted mode with user namespaces: the judge reaches the server's lock files through its Landlock
+    rules (before the lock's owners directory, restricted GPU judges were given no Landlock rule for the
+    state file at all) while it is the init of a PID namespace that shows it no other process."""
+    running = start_restricted_server("--user-namespaces", "on", "--gpus", "1")
+    try:
+        request = EvaluateRequest(
+            task=TaskRef(source=TASK), model_new="HOLD_GPU=0.1", device="cuda", judge=JudgeOptions(trials=1)
+        )
+        result = running.client.evaluate(request)
+        assert result.reward == 3 and result.model_extra is not None, result
+        assert result.model_extra["held"]  # the fake judge held the GPU's lock
+        observed = result.model_extra["observed"]
+        assert observed["pid"] == 1 and observed["visible_pids"] == [1], observed
+        status = running.client.status()
+        assert status.gpus[0].lock_queue == 0 and not status.gpus[0].lock_held
+        state = GpuTicketLock(running.state_dir / "gpu" / "gpu0.lock").read()
+        assert state.acquisitions == 1 and state.owners == []
+    finally:
+        cleanup(running)

@@ -13,6 +13,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,13 +59,38 @@ def _spec(job: Path, **changes: Any) -> dict[str, Any]:
     return unconfined_spec([], env, str(job), rlimits={"RLIMIT_CORE": [0, 0]}) | changes
 
 
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every live process below it, from the host's /proc."""
+    children: dict[int, list[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _judge(
     loop: asyncio.AbstractEventLoop,
     zygote: JudgeZygote,
     argv: list[str],
     kill_after: float | None = None,
+    started: list[int] | None = None,
     **spec: Any,
 ) -> tuple[int | None, str, str]:
+    """`started`: filled with the judge's processes just before the kill."""
     job = Path(tempfile.mkdtemp(prefix="zygote-job-"))
 
     async def run() -> int | None:
@@ -72,6 +98,8 @@ def _judge(
         assert judge.pid != zygote.proc.pid
         if kill_after is not None:
             await asyncio.sleep(kill_after)
+            if started is not None:
+                started.extend(_descendants(judge.pid))
             os.killpg(judge.pid, signal.SIGKILL)
         await asyncio.wait_for(judge.exited.wait(), 600)
         return judge.returncode
@@ -87,11 +115,13 @@ def test_forked_judge_gives_the_verdict(loop: asyncio.AbstractEventLoop, zygote:
     """Two judges forked from one zygote judge the same way; the second is confined as a user-namespaced
     pool's judges are (restricted mode with user namespaces, Isolation.judge_spec): it enters a user
     namespace after the zygote's preload (unshare(CLONE_NEWUSER) needs a single-threaded caller: a forked
-    child is one) and judges there, loopback only, with its own /dev/shm."""
+    child is one) and judges there, loopback only, with its own /dev/shm, as the init of its own PID
+    namespace (one more fork, the launcher's) with its own /proc."""
     assert zygote.hello["ready"] and zygote.hello["level"] == "full"
     assert "torch._inductor.compile_fx" in zygote.hello["loaded"]  # judges and workers inherit inductor
     shm = {"path": "/dev/shm", "expose": [], "size_kib": 1 << 20, "mode": "1777"}
-    namespaced = dict.fromkeys(("new_userns", "new_mountns", "new_ipcns", "new_netns"), True)
+    names = ("new_userns", "new_mountns", "new_ipcns", "new_netns", "new_pidns")
+    namespaced = dict.fromkeys(names, True)
     for confinement in ({}, {"masks": [shm], **namespaced}):
         code, out, err = _judge(loop, zygote, [str(TASK), str(SOLUTION), *QUICK], **confinement)
         assert code == 0, err
@@ -114,10 +144,21 @@ def test_failed_confinement_step_is_reported(loop: asyncio.AbstractEventLoop, zy
 def test_killed_judge_is_reported_and_the_zygote_keeps_serving(
     loop: asyncio.AbstractEventLoop, zygote: JudgeZygote, tmp_path: Path
 ) -> None:
+    """Killed as the server kills one (its process group), a judge in its own PID namespace is reported
+    killed, and nothing it started is left: the launcher's waiting parent and the judge, its namespace's
+    init, share the group, and the kernel ends the rest of the namespace with the init."""
     slow_task = tmp_path / "slow_task.py"
     slow_task.write_text("import time\ntime.sleep(120)\n" + TASK.read_text())
-    code, _, _ = _judge(loop, zygote, [str(slow_task), str(SOLUTION), *QUICK], kill_after=1.0)
+    started: list[int] = []
+    pidns = {"new_userns": True, "new_pidns": True}
+    argv = [str(slow_task), str(SOLUTION), *QUICK]
+    code, _, _ = _judge(loop, zygote, argv, kill_after=1.0, started=started, **pidns)
     assert code == -signal.SIGKILL
+    assert len(started) > 1  # the launcher's parent, the judge and whatever the judge had started
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in started):
+        assert time.monotonic() < deadline, [pid for pid in started if _alive(pid)]
+        time.sleep(0.05)
     code, _, err = _judge(loop, zygote, ["/nonexistent/task.py", str(SOLUTION), *QUICK])
     assert code == 2 and "does not exist" in err
 

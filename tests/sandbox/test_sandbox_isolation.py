@@ -218,7 +218,8 @@ def _judge_plants() -> set[Path]:
 def test_judges_scratch_is_their_own(server: RunningServer) -> None:
     """Candidate code in one session's judge plants files in /dev/shm and /tmp (the fake judge's probe);
     the next session's judge finds none of them, and none reaches the host (root mode; restricted mode with
-    user namespaces). Restricted mode without them: the documented residual, /dev/shm is shared."""
+    user namespaces), and it sees no process but itself: the init of its own PID namespace. Restricted
+    mode without them: the documented residuals, /dev/shm is shared and every process is listed."""
     before = _judge_plants()
     observed = []
     try:
@@ -232,9 +233,11 @@ def test_judges_scratch_is_their_own(server: RunningServer) -> None:
         if namespaces(server):
             assert "/dev/shm" in observed[0]["scratch_planted"]  # its own /dev/shm, writable
             assert observed[1]["scratch_left_by_others"] == [] and not left_on_host
+            assert all(o["pid"] == 1 and o["visible_pids"] == [1] for o in observed), observed
         else:
             assert observed[0]["scratch_planted"] == ["/dev/shm"]  # Landlock keeps /tmp read-only
             assert observed[1]["scratch_left_by_others"] and left_on_host
+            assert len(observed[0]["visible_pids"]) > 1
     finally:
         for path in _judge_plants() - before:
             path.unlink(missing_ok=True)

@@ -7,6 +7,13 @@ updates of a state file that holds a ticket dispenser: each waiter draws the nex
 `serving` reaches it. Tickets whose owner died (killed judge, crashed server) are skipped, so a dead
 holder never blocks the queue.
 
+Liveness never uses pids: judges run in PID namespaces of their own, where a pid means nothing to the
+server or to another judge. Each drawn ticket is a file `<state>.owners/<ticket>` on which its owner holds
+`flock(LOCK_EX)` through a descriptor it keeps until it gives the ticket back; the kernel drops that
+flock when the owner dies, so a ticket is alive exactly while its file's flock cannot be taken. Unlike
+POSIX record locks, flocks of two separate open() calls conflict even within one process, so the owner's
+own checks see its ticket alive too.
+
 Standard library only: both the judge (no aiohttp) and the server (no torch) import it.
 
     with device_lock("cuda:0", cache_dir / "locks").acquire(timeout_s) as hold:
@@ -17,9 +24,11 @@ Standard library only: both the judge (no aiohttp) and the server (no torch) imp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,12 +41,13 @@ _POLL_MAX_S = 0.05
 
 @dataclass
 class LockState:
-    """What the state file holds; owners map ticket -> [pid, process start time] (pids get reused)."""
+    """What the state file holds. `owners`: tickets drawn and not yet given back (each alive while its
+    file's flock is held); `holder`: the ticket being served, once its owner has taken the lock."""
 
     next_ticket: int = 0
     serving: int = 0
-    owners: dict[str, list[int]] = field(default_factory=dict)
-    holder: list[int] | None = None
+    owners: list[int] = field(default_factory=list)
+    holder: int | None = None
     held_since: float | None = None
     busy_total_s: float = 0.0
     wait_total_s: float = 0.0
@@ -45,67 +55,75 @@ class LockState:
 
     @classmethod
     def parse(cls, text: str) -> LockState:
-        if not text.strip():
-            return cls()
+        """The state in `text`; ValueError, KeyError or TypeError when it is not a consistent one."""
         raw = json.loads(text)
-        return cls(
+        if not isinstance(raw, dict):
+            raise TypeError("GPU lock state is not a JSON object")
+        holder, held_since = raw.get("holder"), raw.get("held_since")
+        state = cls(
             next_ticket=int(raw["next_ticket"]),
             serving=int(raw["serving"]),
-            owners={str(k): [int(v[0]), int(v[1])] for k, v in raw["owners"].items()},
-            holder=None if raw.get("holder") is None else [int(x) for x in raw["holder"]],
-            held_since=raw.get("held_since"),
+            owners=sorted(int(t) for t in raw["owners"]),
+            holder=None if holder is None else int(holder),
+            held_since=None if held_since is None else float(held_since),
             busy_total_s=float(raw.get("busy_total_s", 0.0)),
             wait_total_s=float(raw.get("wait_total_s", 0.0)),
             acquisitions=int(raw.get("acquisitions", 0)),
         )
+        consistent = 0 <= state.serving <= state.next_ticket and state.holder in (None, state.serving)
+        if not consistent or any(not state.serving <= t < state.next_ticket for t in state.owners):
+            raise ValueError("inconsistent GPU lock state")
+        return state
 
     def dump(self) -> str:
-        return json.dumps(self.__dict__)
+        return json.dumps(dataclasses.asdict(self))
 
     @property
     def queued(self) -> int:
-        """Tickets drawn and not yet served, the holder's excluded."""
-        return max(0, self.next_ticket - self.serving - (1 if self.holder else 0))
-
-
-def process_identity(pid: int) -> list[int]:
-    """[pid, start time in clock ticks]: a pid alone may name a newer, unrelated process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return [pid, 0]
-    # Field 22 (starttime); the command name in field 2 may contain spaces, so split after its ')'.
-    return [pid, int(stat.rsplit(")", 1)[1].split()[19])]
-
-
-def is_alive(identity: list[int]) -> bool:
-    pid, start = identity
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another uid's live process
-    return start == 0 or process_identity(pid)[1] == start
+        """Live tickets not yet served, the holder's excluded."""
+        return len(self.owners) - (1 if self.holder is not None else 0)
 
 
 class GpuTicketLock:
-    """FIFO lock across processes; `path` is the state file (created on first use)."""
+    """FIFO lock across processes; `path` is the state file (created on first use), its owners' ticket
+    files live in `<path>.owners/`."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        self.owners_dir = self.path.with_name(self.path.name + ".owners")
+        # ticket -> (descriptor holding its file's flock, pid of the process that drew it)
+        self._tickets: dict[int, tuple[int, int]] = {}
+
+    def create(self, gid: int) -> None:
+        """Make the state file and the owners directory for every process of group `gid` (the server, at
+        start, for the judges of all slots): group read-write, the directory setgid so ticket files get
+        that group too. Never follows a symlink planted in their place."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
+        try:
+            os.fchown(fd, os.getuid(), gid)
+            os.fchmod(fd, 0o660)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.owners_dir, 0o700)
+        fd = os.open(self.owners_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchown(fd, os.getuid(), gid)
+            os.fchmod(fd, 0o2770)
+        finally:
+            os.close(fd)
 
     @contextlib.contextmanager
     def _state(self) -> Iterator[LockState]:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o660)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             with os.fdopen(os.dup(fd), "r+") as f:
                 try:
                     state = LockState.parse(f.read())
-                except (ValueError, KeyError, TypeError, IndexError):
-                    # A corrupt file must not wedge the GPU: start a fresh queue.
-                    state = LockState()
+                except (ValueError, KeyError, TypeError):
+                    # Empty (first use) or corrupt: the queue is rebuilt from the live ticket files.
+                    state = self._recover()
                 yield state
                 f.seek(0)
                 f.truncate()
@@ -113,74 +131,167 @@ class GpuTicketLock:
         finally:
             os.close(fd)  # closing the last fd drops the flock
 
+    def _recover(self) -> LockState:
+        """A queue of the tickets whose owners still hold their files, in ticket order. The first may
+        already hold the lock: it goes on and gives its ticket back as usual, and nobody else can take
+        the lock meanwhile, since only that ticket is served until then."""
+        try:
+            names = os.listdir(self.owners_dir)
+        except FileNotFoundError:
+            return LockState()
+        tickets = sorted(int(name) for name in names if name.isascii() and name.isdigit())
+        live = [t for t in tickets if _ticket_alive(self.owners_dir / str(t))]
+        next_ticket = max(tickets, default=-1) + 1
+        return LockState(next_ticket=next_ticket, serving=min(live, default=next_ticket), owners=live)
+
     def read(self) -> LockState:
         """A consistent snapshot for metrics (no ticket drawn)."""
         with self._state() as state:
-            _reap_dead(state)
-            return LockState(**state.__dict__)
+            _reap_dead(state, self.owners_dir)
+            return dataclasses.replace(state, owners=list(state.owners))
 
-    def draw_ticket(self, identity: list[int] | None = None) -> int:
+    def draw_ticket(self) -> int:
+        """A place in the queue, owned by this process until `release` (or its death)."""
         with self._state() as state:
-            ticket = state.next_ticket
-            state.next_ticket += 1
-            state.owners[str(ticket)] = identity or process_identity(os.getpid())
-            return ticket
+            mode, gid = self._prepare_owners_dir()
+            while True:
+                ticket = state.next_ticket
+                state.next_ticket += 1
+                fd = _create_ticket_file(self.owners_dir / str(ticket), mode, gid)
+                state.owners.append(ticket)  # a file still held is an owner the state had lost: one too
+                if fd is not None:
+                    self._tickets[ticket] = (fd, os.getpid())
+                    return ticket
+
+    def _prepare_owners_dir(self) -> tuple[int, int]:
+        """The permission bits and group ticket files get: the state file's, so that whoever may use the
+        state file may test and remove them. Without the server (the judge CLI alone), the directory is
+        made here, open to the same group."""
+        st = os.stat(self.path)
+        mode = stat.S_IMODE(st.st_mode) & 0o666
+        try:
+            os.mkdir(self.owners_dir, 0o700)
+        except FileExistsError:
+            return mode, st.st_gid
+        os.chmod(self.owners_dir, mode | (mode & 0o444) >> 2 | stat.S_ISGID)
+        with contextlib.suppress(PermissionError):
+            os.chown(self.owners_dir, -1, st.st_gid)
+        return mode, st.st_gid
 
     def try_take(self, ticket: int, waited_s: float) -> bool:
         """Become the holder if `ticket` is being served; False means keep waiting."""
         with self._state() as state:
-            _reap_dead(state)
-            if state.serving != ticket or state.holder is not None:
+            _reap_dead(state, self.owners_dir)
+            if state.serving != ticket or state.holder is not None or ticket not in state.owners:
                 return False
-            state.holder = state.owners.get(str(ticket), process_identity(os.getpid()))
+            state.holder = ticket
             state.held_since = time.time()
             state.wait_total_s += waited_s
             state.acquisitions += 1
             return True
 
     def release(self, ticket: int) -> None:
-        with self._state() as state:
-            if state.serving == ticket and state.holder is not None:
-                state.busy_total_s += time.time() - (state.held_since or time.time())
-                state.holder = None
-                state.held_since = None
-                state.serving += 1
-            state.owners.pop(str(ticket), None)
-            _advance_past_gone(state)
+        """Give back a ticket this process drew (held or still waiting); other tickets are left alone.
+        In a forked child that inherited the ticket, only the child's copy of the descriptor is closed."""
+        fd, owner = self._tickets.pop(ticket, (-1, -1))
+        if fd < 0:
+            return
+        if owner != os.getpid():
+            os.close(fd)
+            return
+        try:
+            with self._state() as state:
+                if state.holder == ticket:
+                    state.busy_total_s += time.time() - (state.held_since or time.time())
+                    state.holder = None
+                    state.held_since = None
+                if ticket in state.owners:
+                    state.owners.remove(ticket)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.owners_dir / str(ticket))
+                _advance_past_gone(state)
+        finally:
+            os.close(fd)
 
     def acquire(self, timeout_s: float | None = None) -> LockHold:
-        """Block until this process holds the GPU; raises TimeoutError after timeout_s."""
+        """Block until this process holds the GPU; raises TimeoutError after timeout_s.
+
+        The ticket's descriptor is close-on-exec, so an exec'd program never holds it. A child forked
+        while the lock is held keeps the ticket alive for as long as it keeps the descriptor: intended,
+        since such a child works for the holder (the judge's workers close inherited descriptors anyway,
+        and die with the judge)."""
         start = time.monotonic()
         ticket = self.draw_ticket()
         delay = _POLL_START_S
-        while not self.try_take(ticket, time.monotonic() - start):
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                self.release(ticket)  # give the ticket back so the queue moves on
-                raise TimeoutError(f"GPU lock {self.path} not acquired within {timeout_s} s")
-            time.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX_S)
+        try:
+            while not self.try_take(ticket, time.monotonic() - start):
+                if timeout_s is not None and time.monotonic() - start > timeout_s:
+                    raise TimeoutError(f"GPU lock {self.path} not acquired within {timeout_s} s")
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX_S)
+        except BaseException:
+            self.release(ticket)  # give the ticket back so the queue moves on
+            raise
         return LockHold(self, ticket, time.monotonic() - start)
 
 
-def _reap_dead(state: LockState) -> None:
-    """Skip tickets (and a holder) whose process is gone."""
-    if state.holder is not None and not is_alive(state.holder):
+def _create_ticket_file(path: Path, mode: int, gid: int) -> int | None:
+    """A new ticket file, flock held, as a close-on-exec descriptor; None if a live owner holds a file
+    of that name already. Called with the state file's flock held, so no check races this."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            if _ticket_alive(path):  # else it was left by a dead owner and is gone now
+                return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new, so nobody else has it open
+        os.fchmod(fd, mode)  # the umask (judges: 077) must not keep others from testing it
+        if os.fstat(fd).st_gid != gid:
+            with contextlib.suppress(PermissionError):
+                os.fchown(fd, -1, gid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _ticket_alive(path: Path) -> bool:
+    """Whether a ticket's owner still holds its file's flock; a dead ticket's file is removed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        return True  # cannot be tested: never hand the GPU to someone else under a live holder
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return True
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    finally:
+        os.close(fd)
+    return False
+
+
+def _reap_dead(state: LockState, owners_dir: Path) -> None:
+    """Skip tickets (and a holder) whose owner is gone."""
+    state.owners = [t for t in state.owners if _ticket_alive(owners_dir / str(t))]
+    if state.holder is not None and state.holder not in state.owners:
         state.busy_total_s += time.time() - (state.held_since or time.time())
-        state.owners.pop(str(state.serving), None)
         state.holder = None
         state.held_since = None
-        state.serving += 1
-    dead = [t for t, ident in state.owners.items() if state.holder != ident and not is_alive(ident)]
-    for t in dead:
-        state.owners.pop(t)
     _advance_past_gone(state)
 
 
 def _advance_past_gone(state: LockState) -> None:
-    if state.holder is not None:
-        return
-    while state.serving < state.next_ticket and str(state.serving) not in state.owners:
-        state.serving += 1
+    """Serve the oldest live ticket once nobody holds the lock (tickets only ever grow)."""
+    if state.holder is None:
+        state.serving = min(state.owners, default=state.next_ticket)
 
 
 @dataclass

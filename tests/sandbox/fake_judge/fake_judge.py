@@ -39,6 +39,9 @@ def probe_isolation(candidate: Path) -> dict:
     except OSError:
         seen["candidate_writable"] = False
     seen["env_keys"] = sorted(os.environ)
+    # Processes it can see: in a PID namespace of its own, only itself (its init) and what it started.
+    seen["pid"] = os.getpid()
+    seen["visible_pids"] = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())[:20]
     # What an earlier judge left in the shared scratch places, then a plant for the next one to find.
     seen["scratch_left_by_others"] = sorted(
         str(p) for d in ("/dev/shm", "/tmp") if os.path.isdir(d) for p in Path(d).glob("judge-planted-*")

@@ -348,7 +348,8 @@ def device_limits(cache: Path, device: str) -> DeviceLimits:
         return cached
     limits = _measure_cuda(key, name) if device == "cuda" else _measure_cpu(key, name)
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    # Not the pid alone: judges in PID namespaces of their own share pids (each is pid 1 in its own).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}")
     tmp.write_text(json.dumps({"version": CACHE_VERSION, **asdict(limits)}, indent=1))
     tmp.replace(path)
     return limits

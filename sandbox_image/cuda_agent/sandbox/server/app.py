@@ -132,7 +132,9 @@ class SandboxServer:
                 samples.popleft()
             t0, b0 = samples[0]
             fractions.append(
-                min(1.0, (busy - b0) / (now - t0)) if now - t0 > 1e-3 else (1.0 if state.holder else 0.0)
+                min(1.0, (busy - b0) / (now - t0))
+                if now - t0 > 1e-3
+                else (1.0 if state.holder is not None else 0.0)
             )
         return fractions
 

@@ -87,6 +87,8 @@ def _expose_paths(config: SandboxServerConfig) -> list[str]:
     wanted.add(str(config.state_dir))
     if config.judge_dir is not None:
         wanted.add(str(config.judge_dir))
+    if config.judge_seed_dir is not None:  # judges read it; no judge or agent can write it (judge_seed.py)
+        wanted.add(str(config.judge_seed_dir))
     if os.path.isabs(config.judge_command[0]):
         wanted.add(os.path.dirname(config.judge_command[0]))
     real = sorted({os.path.realpath(p) for p in wanted} | wanted)
@@ -133,7 +135,11 @@ class Isolation:
         agent_policy = FilterPolicy(protected_pids=protected, deny_sysv_ipc=not self.namespaces)
         self.agent_filter = build_filter(agent_policy).hex()
         # The judge's own orchestrator may start worker sessions; it is killed by uid (root) or group.
-        self.judge_filter = build_filter(FilterPolicy(deny_new_session=False, protected_pids=protected)).hex()
+        # Judges with namespaces have a PID namespace of their own, where the server's pids name nobody
+        # or one of the judge's own processes (its workers), which it must be able to kill.
+        judge_protected = () if self.namespaces else protected
+        judge_policy = FilterPolicy(deny_new_session=False, protected_pids=judge_protected)
+        self.judge_filter = build_filter(judge_policy).hex()
         self.exposes = _expose_paths(config)
         self.masks = [self._mask(str(m)) for m in config.mask_paths]
         self.judge_masks = self.masks + [
@@ -211,9 +217,11 @@ class Isolation:
         spec = self._spec(
             slot.judge_uid, slot.judge_gid, groups, argv, env, cwd, limits, self.judge_filter, []
         )
-        if self.is_root or self.user_namespaces:
-            # No PID namespace: the GPU lock identifies holders by pid across judges (gpu_lock.is_alive).
-            spec["masks"] = self.judge_masks
+        if self.namespaces:
+            # A PID namespace with its own /proc: candidate code sees no other session's processes, and
+            # when the judge (its init) ends, the kernel kills whatever it left. The GPU lock does not
+            # care: it tells live tickets by flock, not by pid.
+            spec |= {"masks": self.judge_masks, "new_pidns": True}
         if self.user_namespaces:
             # Restricted mode: the same mount, IPC and network namespaces as root mode's judges, inside a
             # user namespace mapping only the server's uid, so candidate code in one session's judge leaves

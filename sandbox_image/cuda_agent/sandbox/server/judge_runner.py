@@ -31,6 +31,8 @@ from cuda_agent.sandbox.api import MAX_CANDIDATE_FILES
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
 from cuda_agent.sandbox.judge.files import (
     FROZEN_FILES,
+    JUDGE_CACHE_ENV,
+    JUDGE_SEED_ENV,
     SKIP_DIRS,
     changed_paths,
     hash_judge_dir,
@@ -53,7 +55,6 @@ _STDOUT_LIMIT = 8 << 20
 _STDERR_TAIL = 4000
 _SKIP_DIRS = {"__pycache__", ".git"}  # never part of a candidate's snapshot
 _MAX_STEP_ATTRIBUTES = 64  # a judge of another version must not flood a span
-JUDGE_CACHE_ENV = "CUDA_AGENT_JUDGE_CACHE"  # the judge's content-addressed build cache (PCH, objects)
 
 
 def writable_judge_files(root: Path, mode: str) -> list[str]:
@@ -115,9 +116,7 @@ class JudgeService:
             os.chown(path, os.getuid(), os.getgid() if path in (self.jobs_dir, self.zygote_dir) else group)
             os.chmod(path, mode)
         for lock in self.gpu_locks:
-            lock.path.touch(exist_ok=True)
-            os.chown(lock.path, os.getuid(), group)
-            os.chmod(lock.path, 0o660)
+            lock.create(group)
         exposed = writable_judge_files(self.judge_dir, self.isolation.mode) if self.judge_dir.is_dir() else []
         if exposed:
             log.warning(
@@ -229,8 +228,13 @@ class JudgeService:
             ]
             scratch = str(job_dir / "scratch")
             writable = [scratch] + ([env[JUDGE_CACHE_ENV]] if JUDGE_CACHE_ENV in env else [])
+            if gpu is not None and GPU_LOCK_ENV in env:  # the judge takes its GPU's lock itself
+                lock = self.gpu_locks[gpu]
+                writable += [str(lock.path), str(lock.owners_dir)]
+            # The seed (checked at startup: no judge or agent can write it) is read, never written.
+            readable = [str(job_dir), *([env[JUDGE_SEED_ENV]] if JUDGE_SEED_ENV in env else [])]
             spec = self.isolation.judge_spec(
-                slot, argv, env, scratch, writable, [str(job_dir)], self.config.shared_judge_cache
+                slot, argv, env, scratch, writable, readable, self.config.shared_judge_cache
             )
             run = None
             zygote = await self.zygote_for_judging()
@@ -369,6 +373,8 @@ class JudgeService:
         )
         if self.config.shared_judge_cache:
             cache_dir = self.shared_cache
+        if self.config.judge_seed_dir is not None:
+            env[JUDGE_SEED_ENV] = str(self.config.judge_seed_dir)
         if cache_dir is not None:
             env[JUDGE_CACHE_ENV] = str(cache_dir)
             env["TORCH_EXTENSIONS_DIR"] = str(cache_dir / "torch_extensions")

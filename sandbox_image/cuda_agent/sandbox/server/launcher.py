@@ -104,6 +104,19 @@ def _become_pid_namespace_init() -> None:
     os._exit(code if code >= 0 else 128 - code)
 
 
+def _scatter_pids() -> None:
+    """Start this PID namespace's pids at a random place. Programs name temporary files by pid (inductor's
+    cache writes `.<pid>.<thread>.tmp` beside its entries); judges sharing a cache would otherwise count
+    alike from 2 and write the same file. Best effort: a read-only /proc/sys leaves pids from 2."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            span = max(1, int(f.read()) // 2)
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(300 + int.from_bytes(os.urandom(4), "little") % span))
+    except (OSError, ValueError):
+        pass
+
+
 def _mask_paths(masks: list[dict[str, Any]], hide: list[str], new_proc: bool) -> None:
     """Cover each mask path with its `source` bound over it (a session's own /tmp, say) or with an empty
     tmpfs, bind its `expose` subpaths back in, mount a /proc of the child's PID namespace, hide devices."""
@@ -218,6 +231,8 @@ def confine(spec: dict[str, Any]) -> None:
         if spec["new_mountns"]:
             step = "mounts"
             _mask_paths(spec["masks"], spec["hide"], bool(spec.get("new_pidns")))
+        if spec.get("new_pidns"):
+            _scatter_pids()
         step = "oom_score_adj"
         if spec.get("oom_score_adj") is not None:
             with open("/proc/self/oom_score_adj", "w") as f:
