@@ -126,8 +126,9 @@ def build_model(shape: str, dtype: Any, device: Any, init_std: float, seed: int)
     torch.manual_seed(seed)
     # Built in `dtype` as from_pretrained(dtype=...) builds it: the rotary inv_freq buffer stays fp32
     # (model.to(bf16) would round it, and a saved-and-loaded copy would then compute other angles).
+    factory: Any = Qwen2ForCausalLM
     with torch.device(device):
-        model = Qwen2ForCausalLM._from_config(config, dtype=dtype)
+        model = factory._from_config(config, dtype=dtype)
     return model.eval()
 
 
@@ -222,7 +223,7 @@ def phase_logprobs(ctx: Ctx) -> dict[str, Any]:
     prompts = [tokens(ctx.rng, length, vocab, ctx.eos) for length in lengths]
     # Mixed settings: plain sampling at two temperatures, and top-k / top-p truncation (log-probs are
     # still of the untruncated logits / temperature).
-    settings = [
+    settings: list[dict[str, Any]] = [
         dict(temperature=1.0),
         dict(temperature=0.7),
         dict(temperature=1.0, top_p=0.9),

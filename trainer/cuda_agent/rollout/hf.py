@@ -365,8 +365,8 @@ class TransformersEngine:
 
         # No device given: the GPU when the actor sees one (Ray hides GPUs from actors without num_gpus).
         where = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(where)
-        self.backend = TransformersBackend(model, eos_token_ids, max_batch=max_batch)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        self.backend = TransformersBackend(model.to(where), eos_token_ids, max_batch=max_batch)
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session: str | None = None
