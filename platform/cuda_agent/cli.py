@@ -23,6 +23,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "cuda_agent.sandbox.server.judge_service:main",
         "keep a warm judge for `cuda-agent judge` (CUDA_AGENT_JUDGE_SERVICE)",
     ),
+    "judge-seed": (
+        "cuda_agent.sandbox.judge.seed:main",
+        "build the judge's read-only seed of precompiled torch headers (image / server operator)",
+    ),
     "sandbox": ("cuda_agent.sandbox.server.cli:main", "sandbox server: sessions, agent tools, rewards"),
     "train": ("cuda_agent.trainer.cli:main", "train a policy: cuda-agent train -f run.yaml (TrainingRun)"),
     "data": ("cuda_agent.data.cli:main", "synthesize Ops-6K-style tasks: data synth | catalogue | filter"),

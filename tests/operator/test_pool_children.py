@@ -112,6 +112,7 @@ def test_server_config_is_one_the_sandbox_server_accepts() -> None:
     assert (config.port, config.max_sessions, config.workspace_quota_mib) == (SANDBOX_PORT, 6, 512)
     assert config.agent_limits.processes == 300 and config.judge_timeout_s == 320
     assert str(config.judge_dir) == "/opt/cuda-agent/judge"
+    assert str(config.judge_seed_dir) == "/opt/cuda-agent/judge-seed"  # built into the sandbox image
     container = pod_spec(pool_spec)["containers"][0]
     assert container["command"][-1] == "/etc/cuda-agent/sandbox/sandbox.yaml"
     assert container["ports"][0]["containerPort"] == SANDBOX_PORT

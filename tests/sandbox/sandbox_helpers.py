@@ -7,6 +7,7 @@ judge has its own tests in test_real_judge.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -28,6 +29,11 @@ FAKE_JUDGE_DIR = HERE / "fake_judge"
 FAKE_JUDGE = FAKE_JUDGE_DIR / "fake_judge.py"
 REAL_JUDGE_DIR = Path(__file__).parents[2] / "sandbox_image" / "cuda_agent" / "sandbox" / "judge"
 SECRET = "s3cr3t-server-only-value"
+# The machine's judge seed for servers running the real judge: without it every server's judges compile
+# torch's headers cold (~40 s on two cores). Content-keyed (torch, compiler, flags), so one directory serves
+# every run and torch version; root-mode judges reach it although /root is 0700 (the server exposes it).
+JUDGE_SEED_DIR = Path.home() / ".cache" / "cuda-agent" / "judge-seed"
+JUDGE_SEED_FLAGS = "-O3"  # the example solutions' load_inline extra_cflags
 STARTUP_TIMEOUT_S = 60.0
 
 TASK = """import torch
@@ -102,13 +108,24 @@ class RunningServer:
                 self.proc.wait()
 
 
+@functools.cache
+def judge_seed() -> Path:
+    """The seed, built once per machine: `cuda-agent judge-seed` keeps entries already there (seconds) and
+    holds the seed's lock while building, so the two xdist workers never build it twice."""
+    argv = [sys.executable, "-m", "cuda_agent.cli", "judge-seed", "--out", str(JUDGE_SEED_DIR)]
+    argv.append(f"--flags={JUDGE_SEED_FLAGS}")
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, timeout=1800)
+    return JUDGE_SEED_DIR
+
+
 def start_server(
     *args: str,
     judge_dir: Path = FAKE_JUDGE_DIR,
     judge_command: list[str] | None = None,
     env: dict[str, str] | None = None,
 ) -> RunningServer:
-    """Start a server on a free port; its state directory is searchable by the sandbox uids."""
+    """Start a server on a free port; its state directory is searchable by the sandbox uids. A server
+    running the real judge gets the machine's judge seed (its judges then build no precompiled header)."""
     root = state_root("sbx-")
     uid_base = _next_uid_base[0]
     _next_uid_base[0] += 200
@@ -135,6 +152,7 @@ def start_server(
         "8",
         "--metrics-port",
         "0",
+        *(["--judge-seed", str(judge_seed())] if judge_dir == REAL_JUDGE_DIR else []),
         *args,
     ]
     log = root / "server.log"

@@ -41,6 +41,8 @@ def test_agent_session_verifies_and_profiles_with_the_real_judge(server: Running
     run = server.client.judge(sid, "profile")
     assert run.result is not None and run.result.reward >= 1 and run.result.correct
     assert run.result.build_cached  # the session's build cache kept the extension from `verify`
+    # The machine's judge seed (sandbox_helpers.judge_seed) spared the judges the torch header build.
+    assert "for this flag set: from the judge seed" in (run.result.build_log or "")
     isolation = (run.result.model_extra or {}).get("isolation", {})
     assert str(isolation.get("landlock", "")).startswith("on")  # the judge's own confinement still works
     status = server.client.status()

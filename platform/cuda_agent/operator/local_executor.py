@@ -274,6 +274,7 @@ class LocalExecutor:
             "uid_base": UID_BASE + secrets.randbelow(UID_RANGES) * (2 * settings["max_sessions"] + 2),
         }
         settings.pop("judge_dir", None)  # the pod's path is its ConfigMap mount; here the installed package
+        settings.pop("judge_seed_dir", None)  # the image's seed; this machine has none
         config_path = local.directory / "sandbox.yaml"
         config_path.parent.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(settings, sort_keys=False))

@@ -22,6 +22,7 @@ from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.manifests import owner_reference, with_hash
 from cuda_agent.sandbox.api import SANDBOX_METRICS_PORT, SANDBOX_PORT
+from cuda_agent.sandbox.judge.files import IMAGE_JUDGE_SEED_DIR
 
 SANDBOX_UID = 65532  # the image's unprivileged user; restricted Pod Security forbids root
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -67,6 +68,9 @@ def server_config(spec: SandboxPoolSpec) -> dict[str, Any]:
         "metrics_port": SANDBOX_METRICS_PORT,
         "state_dir": STATE_DIR,
         "judge_dir": JUDGE_DIR,
+        # Precompiled torch headers built into the image (root-owned, read-only root fs): a session's first
+        # build skips ~40 s; an image without them only logs a warning.
+        "judge_seed_dir": IMAGE_JUDGE_SEED_DIR,
         "gpus": spec.gpu.count,
         "max_sessions": max_sessions(spec),
         "workspace_quota_mib": mebibytes(spec.limits.workspace_size),

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.sandbox.judge import screen
-from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR
+from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR, JUDGE_SEED_ENV
 
 FROZEN_DIR = Path(__file__).parent / FROZEN_SUBDIR
 WORKSPACE_MODULE = "cuda_extension"
@@ -42,6 +42,14 @@ HEADER_SUFFIXES = screen.HEADER_SUFFIXES
 BINDING_OPT = "-O1"  # optimisation level of workspace bindings (torch glue) and of their precompiled header
 QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 INCLUDE_ANY = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+PCH_HEADER = "torch_extension_pch.h"  # in pch/<key>/ of the build cache and of the seed, beside its .gch
+# The precompiled headers `cuda-agent judge-seed` builds by default: the flag sets of a workspace's bindings,
+# of a load_inline candidate without extra_cflags, and of one with KernelBench's usual extra_cflags=["-O3"].
+SEED_FLAG_SETS: dict[str, tuple[str, ...]] = {
+    "workspace bindings": (BINDING_OPT,),
+    "load_inline, no extra_cflags": (),
+    "load_inline, extra_cflags=['-O3']": ("-O3",),
+}
 
 
 class BuildTimeout(Exception):
@@ -199,7 +207,9 @@ def _cpu_model() -> str:
 
 
 @functools.cache
-def detect_toolchain(device: str) -> Toolchain:
+def detect_toolchain(device: str, capability: tuple[int, int] | None = None) -> Toolchain:
+    """The toolchain of this host; `capability` stands in for the GPU's (only `cuda-agent judge-seed` on a
+    host without a GPU passes it: precompiled headers do not depend on the GPU, `_pch_key`)."""
     import torch
     import torch.utils.cpp_extension as cpp_extension
 
@@ -212,7 +222,7 @@ def detect_toolchain(device: str) -> Toolchain:
         candidate = Path(cuda_home, "bin", "nvcc") if cuda_home else None
         nvcc = str(candidate) if candidate and candidate.exists() else shutil.which("nvcc")
         cuda_lib = cpp_extension.library_paths("cuda")[-1]
-        major, minor = torch.cuda.get_device_capability()
+        major, minor = capability or torch.cuda.get_device_capability()
         arch = (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)
     site_packages = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
     includes = [*cpp_extension.include_paths("cuda" if device == "cuda" else "cpu")]
@@ -481,42 +491,119 @@ def _pch_source(toolchain: Toolchain) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pch_key(toolchain: Toolchain, flags: Sequence[str], source: str) -> str:
+    """What the header's compile reads: the compiler, torch's headers (and the CUDA toolkit's, named by its
+    nvcc), the flags and the source. Not the GPU or the CPU model (unless a -m...=native flag asks for it):
+    the header never sees them, so a seed built where no GPU exists (an image build) or on another CPU keys
+    exactly as the judge does where it runs."""
+    identity: dict[str, Any] = {
+        "device": toolchain.device,
+        "cxx": toolchain.cxx,
+        "cxx_version": toolchain.cxx_version,
+        "nvcc_version": toolchain.nvcc_version,
+        "torch_version": toolchain.torch_version,
+        "torch_includes": toolchain.torch_includes,
+    }
+    if any(flag.startswith("-m") and flag.endswith("=native") for flag in flags):
+        identity["cpu_model"] = toolchain.cpu_model
+    return toolchain.key(["pch", identity, list(flags), source])[:32]
+
+
+def _pch_entry(toolchain: Toolchain, user_flags: Sequence[str]) -> tuple[str, list[str], str]:
+    """(key, compiler flags, header source) of the precompiled torch headers for this flag set."""
+    flags = _pch_flags(toolchain, user_flags)
+    source = _pch_source(toolchain)
+    return _pch_key(toolchain, flags, source), flags, source
+
+
+def seeded_pch(seed: Path, key: str, source: str) -> Path | None:
+    """The header of a complete entry `pch/<key>/` in a seed (its text is the expected source and its .gch
+    is a readable file), else None. Only reads: a judge never writes the seed, and a missing, unreadable
+    or partial entry means building the header as without a seed."""
+    header = seed / "pch" / key / PCH_HEADER
+    gch = header.with_name(f"{PCH_HEADER}.gch")
+    try:
+        if header.read_text() != source or not gch.is_file() or not os.access(gch, os.R_OK):
+            return None
+    except (OSError, UnicodeDecodeError):
+        return None
+    return header
+
+
+def _compile_pch(
+    toolchain: Toolchain, flags: Sequence[str], source: str, directory: Path, deadline: float
+) -> None:
+    """Write the header into `directory` and precompile it beside itself (the .gch GCC looks for)."""
+    header = directory / PCH_HEADER
+    header.write_text(source)
+    cmd = [toolchain.cxx, "-x", "c++-header", str(header), "-o", f"{header}.gch", *flags]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_remaining(deadline), check=False)
+    except subprocess.TimeoutExpired:
+        raise BuildTimeout() from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"precompiled header failed:\n{proc.stdout}{proc.stderr}")
+
+
 def _ensure_pch(
     toolchain: Toolchain, cache: BuildCache, user_flags: Sequence[str], deadline: float
 ) -> tuple[str, Path, str]:
-    """(key, header to -include, log) of the precompiled torch headers for this flag set."""
-    flags = _pch_flags(toolchain, user_flags)
-    source = _pch_source(toolchain)
-    key = toolchain.key([toolchain.tag, flags, source])[:32]
+    """(key, header to -include, log) of the precompiled torch headers for this flag set: from the build
+    cache, else from the read-only seed ($CUDA_AGENT_JUDGE_SEED, used in place), else built into the cache."""
+    key, flags, source = _pch_entry(toolchain, user_flags)
     directory = cache.pch_dir(key)
-    header = directory / "torch_extension_pch.h"
-    gch = directory / "torch_extension_pch.h.gch"
+    header = directory / PCH_HEADER
+    gch = directory / f"{PCH_HEADER}.gch"
     if gch.exists():
         cache.touch(gch)
         return key, header, ""
+    seed = os.environ.get(JUDGE_SEED_ENV)
+    seeded = seeded_pch(Path(seed), key, source) if seed else None
+    if seeded is not None:
+        return (
+            key,
+            seeded,
+            f"precompiled torch/extension.h for this flag set: from the judge seed ({seeded.parent})\n",
+        )
     with cache.lock(f"pch-{key}", deadline):
         if gch.exists():
             return key, header, ""
         scratch = cache.scratch()
-        (scratch / "torch_extension_pch.h").write_text(source)
-        cmd = [
-            toolchain.cxx,
-            "-x",
-            "c++-header",
-            str(scratch / "torch_extension_pch.h"),
-            "-o",
-            str(scratch / "torch_extension_pch.h.gch"),
-            *flags,
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_remaining(deadline), check=False)
-        if proc.returncode != 0:
+        try:
+            _compile_pch(toolchain, flags, source, scratch, deadline)
+        except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
-            raise RuntimeError(f"precompiled header failed:\n{proc.stdout}{proc.stderr}")
+            raise
         if directory.exists():
             shutil.rmtree(scratch, ignore_errors=True)
         else:
             os.replace(scratch, directory)
     return key, header, "precompiled torch/extension.h built once for this flag set\n"
+
+
+def seed_pch(
+    toolchain: Toolchain, seed: Path, user_flags: Sequence[str], deadline: float
+) -> tuple[str, bool]:
+    """Build the precompiled torch headers for one flag set into a seed, keyed as `_ensure_pch` looks them
+    up; (key, built). A complete entry is kept (re-running is fast); a new one is compiled in seed/tmp,
+    made readable by every uid (root-mode judges run as other users) and renamed into place whole. The
+    caller holds the seed's lock (`cuda-agent judge-seed`)."""
+    key, flags, source = _pch_entry(toolchain, user_flags)
+    final = seed / "pch" / key
+    if seeded_pch(seed, key, source) is not None:
+        return key, False
+    scratch = Path(tempfile.mkdtemp(dir=seed / "tmp"))
+    try:
+        _compile_pch(toolchain, flags, source, scratch, deadline)
+        for path in scratch.iterdir():
+            path.chmod(0o644)
+        scratch.chmod(0o755)
+        if final.exists():  # a partial entry (a build stopped between its files): replaced whole
+            shutil.rmtree(final)
+        os.rename(scratch, final)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return key, True
 
 
 def _compile_command(unit: Unit, toolchain: Toolchain, output: Path, pch_header: Path | None) -> list[str]:

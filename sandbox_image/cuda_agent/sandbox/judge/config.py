@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent.sandbox.judge.files import JUDGE_CACHE_ENV
+
 Device = Literal["cpu", "cuda"]
 Precision = Literal["strict-fp32", "tf32"]
 CompileMode = Literal["default", "max-autotune", "none"]
@@ -19,7 +21,7 @@ CompileMode = Literal["default", "max-autotune", "none"]
 
 def default_cache_dir() -> Path:
     """Content-addressed build cache shared by all judge runs of this user (PCH, objects, extensions)."""
-    env = os.environ.get("CUDA_AGENT_JUDGE_CACHE")
+    env = os.environ.get(JUDGE_CACHE_ENV)
     return Path(env) if env else Path.home() / ".cache" / "cuda-agent" / "judge-build"
 
 

@@ -22,6 +22,13 @@ SKIP_DIRS = frozenset({"__pycache__", ".git"})
 # What the operator ships in the judge ConfigMap (text only): the sources, and the frozen C++ files that
 # sessions copy into kernels/ (without .cpp/.h a pod's sessions would get no binding files).
 SHIPPED_SUFFIXES = (".py", ".json", ".md", ".cpp", ".h")
+# The judge's environment, set by the session server (and by hand for the CLI): the writable content-addressed
+# build cache, and the optional read-only seed of precompiled headers (`cuda-agent judge-seed`; trusted input:
+# only the image or the server's operator may write it, never a judge or an agent; docs/judge.md).
+JUDGE_CACHE_ENV = "CUDA_AGENT_JUDGE_CACHE"
+JUDGE_SEED_ENV = "CUDA_AGENT_JUDGE_SEED"
+# Where the sandbox image keeps its seed (built at image build time, root-owned on a read-only root fs).
+IMAGE_JUDGE_SEED_DIR = "/opt/cuda-agent/judge-seed"
 
 
 def package_judge_dir() -> Path:

@@ -38,6 +38,7 @@ from cuda_agent.sandbox.server.isolation import (
     kill_uid_processes,
     landlock_abi,
 )
+from cuda_agent.sandbox.server.judge_seed import SeedRefused, usable_judge_seed
 
 log = logging.getLogger("cuda_agent.sandbox")
 
@@ -46,6 +47,8 @@ _SCALAR_FLAGS = {
     for name, field in SandboxServerConfig.model_fields.items()
     if name not in ("agent_limits", "judge_limits", "judge_command", "mask_paths", "env_passthrough")
 }
+
+_FLAG_ALIASES = {"judge_seed_dir": ("--judge-seed",)}
 
 
 class StartupError(Exception):
@@ -58,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP server")
     serve.add_argument("--config", type=Path, help="YAML file with SandboxServerConfig fields")
     for name, field in _SCALAR_FLAGS.items():
-        serve.add_argument("--" + name.replace("_", "-"), dest=name, default=None, help=field.description)
+        flags = ["--" + name.replace("_", "-"), *_FLAG_ALIASES.get(name, ())]
+        serve.add_argument(*flags, dest=name, default=None, help=field.description)
     serve.add_argument("--judge-command", default=None, help="the judge CLI as one shell-quoted string")
     serve.add_argument("--log-level", default="INFO")
     return parser
@@ -220,10 +224,12 @@ def main(argv: Sequence[str]) -> int:
         # Before any thread exists: non-dumpable, and (root) a private mount namespace for workspaces.
         private = harden_server_process(private_mounts=mode == "root")
         lock_fd = check_environment(config, mode)
+        seed = usable_judge_seed(config, mode, landlock_abi() >= 1)
+        config = config.model_copy(update={"judge_seed_dir": seed})
         isolation = Isolation(config, mode, private)
         configure_tracing(telemetry)  # after hardening: its exporter starts a thread
         asyncio.run(serve(config, isolation, count_gpus(config.gpus)))
-    except (StartupError, IsolationError) as exc:
+    except (StartupError, IsolationError, SeedRefused) as exc:
         print(f"cuda-agent sandbox: {exc}", file=sys.stderr)
         return 2
     if lock_fd is not None:

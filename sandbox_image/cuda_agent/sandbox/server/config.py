@@ -131,6 +131,12 @@ class SandboxServerConfig(BaseModel):
         description="one build cache for all judge runs (fast: the torch PCH is built once) instead of one "
         "per session; candidate code could then plant artifacts for other sessions' builds",
     )
+    judge_seed_dir: Path | None = Field(
+        default=None,
+        description="trusted, read-only seed of precompiled torch headers (`cuda-agent judge-seed`) that "
+        "judges use in place of building them into a session's empty cache; refused at startup when a judge "
+        "or agent could write it, skipped with a warning when missing",
+    )
     judge_timeout_s: float = Field(default=1800.0, gt=0, description="wall clock for one whole judge process")
     max_concurrent_judges: int = Field(
         default=2, ge=1, description="judge processes at once (builds share the CPUs)"
