@@ -577,6 +577,15 @@ def phase_sampling_cost(ctx: Ctx) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- main
 
+# Each phase and the seconds it needs at least on the GPU (skipped when less of --budget is left).
+PHASES: dict[str, tuple[Callable[[Ctx], dict[str, Any]], float]] = {
+    "logprobs": (phase_logprobs, 30),
+    "greedy": (phase_greedy, 40),
+    "update_weights": (phase_update, 40),
+    "sampling_cost": (phase_sampling_cost, 5),
+    "throughput": (phase_throughput, 60),
+}
+
 
 def table(results: dict[str, Any]) -> str:
     lines = [f"{'check':<34} {'result':<52} {'pass':>5}"]
@@ -683,6 +692,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deps", type=Path, default=None, help="extra sys.path directory (pydantic wheels)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    unknown = set(args.phases.split(",")) - set(PHASES)
+    if unknown:
+        parser.error(f"--phases: unknown {sorted(unknown)}; known: {','.join(PHASES)}")
     defaults = DEFAULTS[args.model]
     args.concurrency = args.concurrency or defaults["concurrency"]
     args.max_tokens = args.max_tokens or defaults["max_tokens"]
@@ -753,24 +765,17 @@ def main(argv: list[str] | None = None) -> int:
         results,
         started,
     )
-    phases: dict[str, Callable[[Ctx], dict[str, Any]]] = {
-        "logprobs": phase_logprobs,
-        "greedy": phase_greedy,
-        "update_weights": phase_update,
-        "sampling_cost": phase_sampling_cost,
-        "throughput": phase_throughput,
-    }
-    minimum = {"logprobs": 30, "greedy": 40, "update_weights": 40, "sampling_cost": 5, "throughput": 60}
     results["phases"] = {}
     for name in args.phases.split(","):
-        if ctx.left() < minimum[name] * (1 if device.type == "cuda" else 0):
+        run, minimum = PHASES[name]
+        if device.type == "cuda" and ctx.left() < minimum:
             results["phases"][name] = {"skipped": "budget"}
             save()
             continue
         log.info("phase %s (%.0f s left)", name, ctx.left())
         t0 = time.perf_counter()
         try:
-            results["phases"][name] = phases[name](ctx)
+            results["phases"][name] = run(ctx)
         except Exception as exc:
             log.exception("phase %s failed", name)
             results["phases"][name] = {
