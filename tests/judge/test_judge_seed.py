@@ -191,7 +191,10 @@ def test_the_header_key_ignores_the_gpu_and_cpu_but_not_the_compiler(toolchain: 
     key = build._pch_entry(toolchain, ["-O3"])[0]
     elsewhere = dataclasses.replace(toolchain, cpu_model="other cpu", cuda_arch_flags=("-gencode=x",))
     assert build._pch_entry(elsewhere, ["-O3"])[0] == key
-    for change in ({"cxx_version": "g++ 14"}, {"torch_version": "2.12.0"}):
-        assert build._pch_entry(dataclasses.replace(toolchain, **change), ["-O3"])[0] != key
+    for changed in (
+        dataclasses.replace(toolchain, cxx_version="g++ 14"),
+        dataclasses.replace(toolchain, torch_version="2.12.0"),
+    ):
+        assert build._pch_entry(changed, ["-O3"])[0] != key
     native = ["-O3", "-march=native"]
     assert build._pch_entry(elsewhere, native)[0] != build._pch_entry(toolchain, native)[0]
