@@ -30,7 +30,8 @@ The model is built from a config with random weights (nothing can be downloaded 
   tokens can flip, after which the sequences part. Each divergence is reported with the top-2 margin
   (teacher-forced) at the first differing position; it passes only when that margin is within TOL (a
   genuine near-tie). The same is run over the fp32 copy of the weights, where divergences should vanish.
-- update_weights: a perturbed bucket (fp32 tensors on the CPU, as a trainer sends) is loaded into a
+- update_weights (over an fp32 copy of the weights: an exact check): a perturbed bucket (fp32 tensors on
+  the CPU, as a trainer sends) is loaded into a
   serving backend whose sessions hold caches; its next turns must equal a fresh model with those weights
   (tokens, log-probs), re-run the whole context (stale caches dropped), and differ from before. The same
   for `TransformersEngine` (the Ray actor body) loaded from a saved directory.
@@ -373,6 +374,10 @@ def phase_greedy(ctx: Ctx) -> dict[str, Any]:
     return {"ok": all(v["ok"] for v in out.values()), **out}
 
 
+# fp32 copies of one set of weights in other allocations may still pick other GEMM kernels: 1e-4 nats.
+UPDATE_TOL = 1e-4
+
+
 def perturbed_bucket(ctx: Ctx) -> list[tuple[str, Any]]:
     """A few whole tensors with noise of half their spread added: fp32 on the CPU, as a trainer sends."""
     import torch
@@ -404,7 +409,10 @@ def phase_update(ctx: Ctx) -> dict[str, Any]:
     greedy = SamplingParams(temperature=0.0, max_tokens=args.check_tokens)
     bucket = perturbed_bucket(ctx)
 
-    served = copy.deepcopy(ctx.model)
+    # In fp32: this phase asks whether an update takes effect and drops stale caches, which needs an exact
+    # comparison. On the H200 in bf16, two copies of the same weights in other allocations (cuBLAS picks
+    # kernels by alignment) parted at greedy near-ties and differed by 0.07 in log-probs (first GPU run).
+    served = copy.deepcopy(ctx.model).float()
     backend = backend_for(ctx, served)
     try:
         first = asyncio.run(one_by_one(backend, [(p, greedy, f"u{i}") for i, p in enumerate(prompts)]))
@@ -418,8 +426,8 @@ def phase_update(ctx: Ctx) -> dict[str, Any]:
     finally:
         backend.close()
 
-    fresh_model = copy.deepcopy(ctx.model)
-    fresh_model.load_state_dict({name: t.to(ctx.dtype) for name, t in bucket}, strict=False)
+    fresh_model = copy.deepcopy(ctx.model).float()
+    fresh_model.load_state_dict({name: t.float() for name, t in bucket}, strict=False)
     fresh = backend_for(ctx, fresh_model)
     try:
         want_first = asyncio.run(one_by_one(fresh, [(p, greedy, None) for p in prompts]))
@@ -442,13 +450,13 @@ def phase_update(ctx: Ctx) -> dict[str, Any]:
         "prefill_after_update": rerun,
         "prefill_expected": sum(len(p) for p in follow),
     }
-    ok = same_tokens and lp_diff <= 1e-5 and changed and rerun == result["prefill_expected"]
+    ok = same_tokens and lp_diff <= UPDATE_TOL and changed and rerun == result["prefill_expected"]
 
     # The Ray actor body, in-process: load from a saved directory onto the device, serve, take the bucket.
     if ctx.left() > 60:
         with tempfile.TemporaryDirectory(prefix="rollout_hf_gpu_") as tmp:
             ctx.model.save_pretrained(tmp)
-            engine = TransformersEngine(tmp, [ctx.eos], dtype=args.dtype, device=str(ctx.device))
+            engine = TransformersEngine(tmp, [ctx.eos], dtype="float32", device=str(ctx.device))
             try:
                 where = str(next(engine.backend.model.parameters()).device)
                 e_first = asyncio.run(engine.generate(prompts[0], greedy))
@@ -465,7 +473,7 @@ def phase_update(ctx: Ctx) -> dict[str, Any]:
         engine_ok = (
             checks["before_equals_served"]
             and checks["after_equals_fresh"]
-            and checks["after_logprob_max_abs"] <= 1e-5
+            and checks["after_logprob_max_abs"] <= UPDATE_TOL
             and where.startswith(ctx.device.type)
         )
         result["engine"] = {"ok": engine_ok, **checks}
