@@ -21,15 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _trainer_common import CONFIGS
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from cuda_agent.rollout import SamplingParams
 from cuda_agent.rollout.hf import TransformersBackend
-
-SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-             num_key_value_heads=2, vocab_size=151_936, tie_word_embeddings=True)  # fmt: skip
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True)  # fmt: skip
 
 
 def sync(device: torch.device) -> None:
@@ -90,7 +86,7 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    config = Qwen2Config(**(TINY if args.tiny else SHAPE), use_cache=True)
+    config = Qwen2Config(**CONFIGS["tiny" if args.tiny else "0.5b"], use_cache=True)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
     prompt = torch.randint(0, config.vocab_size, (args.prompt,)).tolist()
