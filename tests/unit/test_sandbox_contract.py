@@ -37,6 +37,8 @@ def test_the_contract_needs_only_pydantic() -> None:
         # the judge's verdict model (pydantic only), which the contract's JudgeResult reads loosely
         "cuda_agent.sandbox.judge",
         "cuda_agent.sandbox.judge.config",
+        # the judge's environment names (standard library only), which the verdict model's module reads
+        "cuda_agent.sandbox.judge.files",
     }
     assert not {"torch", "aiohttp", "kopf", "ray", "re2"} & set(loaded)
 
