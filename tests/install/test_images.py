@@ -358,7 +358,8 @@ def _start_sandbox_server(cuda_agent: Path, state_root: Path) -> tuple[subproces
     raise AssertionError("the sandbox server did not start:\n" + "".join(lines)[-3000:])
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM to the process group, SIGKILL after 30 s."""
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=30)
@@ -624,10 +625,5 @@ def test_operator_image_reconciles_a_sandbox_pool_on_the_real_apiserver(
     except AssertionError as failure:
         raise AssertionError(f"{failure}\noperator log:\n{log_path.read_text()[-4000:]}") from failure
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        _stop(proc)
         kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
