@@ -112,9 +112,7 @@ def check_environment(config: SandboxServerConfig, mode: str) -> int | None:
     protected = Path("/proc/sys/fs/protected_hardlinks")
     if protected.exists() and protected.read_text().strip() != "1":
         log.warning("fs.protected_hardlinks is off: agents could hard-link files they cannot write")
-    slots = config.max_sessions + config.max_concurrent_judges
-    uids = range(config.uid_base - 1, config.uid_base + 2 * slots)
-    for uid in uids:
+    for uid in config.sandbox_uids:
         try:
             entry = pwd.getpwuid(uid)
         except KeyError:
@@ -134,7 +132,7 @@ def check_environment(config: SandboxServerConfig, mode: str) -> int | None:
         raise StartupError(
             f"--uid-base {config.uid_base}: another sandbox server uses this uid range"
         ) from None
-    for uid in uids:
+    for uid in config.sandbox_uids:
         if uid != config.uid_base - 1:
             kill_uid_processes(uid)  # leftovers of a server that died
     return fd

@@ -155,3 +155,9 @@ class SandboxServerConfig(BaseModel):
         ],
         description="the only server environment variables agent and judge processes inherit",
     )  # fmt: skip
+
+    @property
+    def sandbox_uids(self) -> range:
+        """Root mode's uids: the judges' group (uid_base - 1) and a pair per slot (sessions' and judges')."""
+        slots = self.max_sessions + self.max_concurrent_judges
+        return range(self.uid_base - 1, self.uid_base + 2 * slots)

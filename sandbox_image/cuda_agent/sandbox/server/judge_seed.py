@@ -28,12 +28,6 @@ class SeedRefused(Exception):
     """The configured seed could be written by judges or agents (the message says which path and why)."""
 
 
-def _sandbox_uids(config: SandboxServerConfig) -> range:
-    """Root mode's uids for agents and judges, the judges' group (`uid_base - 1`) included."""
-    slots = config.max_sessions + config.max_concurrent_judges
-    return range(config.uid_base - 1, config.uid_base + 2 * slots)
-
-
 def seed_exposure(seed: Path, config: SandboxServerConfig, mode: str, landlock: bool) -> list[str]:
     """Why judges or agents could change the seed at `seed` (an existing directory); empty: they cannot."""
     found: list[str] = []
@@ -41,7 +35,7 @@ def seed_exposure(seed: Path, config: SandboxServerConfig, mode: str, landlock: 
     state = config.state_dir.resolve()
     if real == state or real.is_relative_to(state) or state.is_relative_to(real):
         found.append(f"{real} overlaps the state directory {state}, where judges and agents write")
-    uids = _sandbox_uids(config) if mode == "root" else range(0)
+    uids = config.sandbox_uids if mode == "root" else range(0)
     entries = [(p, True) for p in reversed(real.parents)] + [(real, False)]
     for dirpath, dirnames, filenames in os.walk(real):
         entries += [(Path(dirpath, name), False) for name in [*dirnames, *filenames]]
