@@ -13,14 +13,20 @@ copies each into a rollout copy of the model on the last GPU (device to device),
 
 Needs deepspeed and pydantic (carried as wheels where absent; docs/performance.md). Every job writes a
 JSON line to $OUT/sequence_parallel.jsonl as it ends, so a run cut short keeps what finished.
-`--lengths`, `--longest`, `--gpus`, `--no-sync` pick parts when one call cannot run them all.
+`--lengths`, `--longest`, `--gpus`, `--no-sync` pick parts when one call cannot run them all; `--model`
+takes several shapes (`1.5b,7b`), run one after the other. A length is skipped once a shorter one ran out
+of memory on as many GPUs. `--job-timeout` ends a job (torchrun and its ranks, one process group) past its
+time, `--deadline` skips the jobs that would start past it, and a SIGTERM (the caller's `timeout`) ends the
+running job: each still prints the table. With `--gpus 1` only the single-GPU baselines run (no sync).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -127,36 +133,114 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # -- the launcher: one torchrun job per configuration ------------------------------------------------
-def launch(args: argparse.Namespace, gpus: int, tokens: int, sync: bool) -> dict[str, Any]:
+class Stopped(Exception):
+    """SIGTERM (the caller's `timeout`): the running job is ended and the table printed with what finished."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped
+
+
+def run_job(command: list[str], log_path: Path, timeout: float) -> str:
+    """Run one torchrun job in its own process group (not its own session: a machine's clean-up still ends
+    it), so a job past its time or a SIGTERM ends torchrun and its ranks together; returns how it ended."""
+    with open(log_path, "w") as log:
+        job = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        try:
+            return f"exit {job.wait(timeout=timeout)}"
+        except (subprocess.TimeoutExpired, Stopped) as exc:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(job.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    job.wait(timeout=10)
+            if isinstance(exc, Stopped):
+                raise
+            return f"timed out after {timeout:.0f} s"
+
+
+def launch(args: argparse.Namespace, model: str, gpus: int, tokens: int, sync: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": model, "gpus": gpus, "tokens": tokens}
+    oom = [
+        r for r in args.rows if r["model"] == model and r["gpus"] == gpus and r["status"] == "out of memory"
+    ]
+    if any(r["tokens"] <= tokens for r in oom):  # memory grows with length: a longer one cannot fit
+        row["status"] = f"skipped: out of memory at {min(r['tokens'] for r in oom):,}"
+        return row
+    left = args.deadline - (time.monotonic() - args.started) if args.deadline else float("inf")
+    if left < 30:  # too little for a job to start and step
+        row["status"] = "skipped: deadline"
+        return row
     result = args.out / "sequence_parallel.jsonl"
     before = result.read_text().count("\n") if result.exists() else 0
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-        str(Path(__file__).resolve()), "--worker", "--model", args.model, "--tokens", str(tokens),
+        str(Path(__file__).resolve()), "--worker", "--model", model, "--tokens", str(tokens),
         "--steps", str(args.steps), "--result", str(result), *(["--weight-sync"] if sync else []),
     ]  # fmt: skip
     start = time.perf_counter()
-    name = f"job-{gpus}gpu-{tokens}{'-sync' if sync else ''}.log"
-    with open(args.out / name, "w") as log:
-        code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, timeout=args.job_timeout)
+    name = f"job-{model}-{gpus}gpu-{tokens}{'-sync' if sync else ''}.log"
+    try:
+        ended = run_job(command, args.out / name, min(args.job_timeout, left))
+    except Stopped:
+        ended = "stopped (SIGTERM)"
+        args.stopped = True
     lines = result.read_text().splitlines() if result.exists() else []
-    row = json.loads(lines[-1]) if len(lines) > before else {"gpus": gpus, "tokens": tokens}
-    if len(lines) == before:
-        row["status"] = f"no result (exit {code}; see {name})"
+    if len(lines) > before:
+        row = json.loads(lines[-1])
+    else:
+        row["status"] = f"no result ({ended}; see {name})"
     row["job_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(row), flush=True)
     return row
 
 
+def plan(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """One model's jobs: every length on every GPU count, the longest on the most GPUs, the weight sync."""
+    gpus = sorted(int(g) for g in args.gpus.split(",") if g)
+    lengths = [int(n) for n in args.lengths.split(",") if n]
+    most = gpus[-1]
+
+    def run(count: int, tokens: int, sync: bool = False) -> dict[str, Any]:
+        row = launch(args, model, count, tokens, sync) if not args.stopped else {}
+        row = row or {"model": model, "gpus": count, "tokens": tokens, "status": "skipped: stopped"}
+        if not sync:
+            args.rows.append(row)
+        return row
+
+    for n in lengths:
+        for g in gpus:
+            run(g, n)
+    mine = [r for r in args.rows if r["model"] == model and r["gpus"] == most]
+    longest = max((r["tokens"] for r in mine if r["status"] == "ok"), default=0)
+    for n in sorted((int(x) for x in args.longest.split(",") if x), reverse=True):
+        if n <= longest:
+            break
+        if run(most, n)["status"] == "ok":
+            longest = n
+            break
+    sync_row = run(most, lengths[0], True) if args.sync and most > 1 else {}
+    sync = sync_row.get("weight_sync", sync_row.get("status"))
+    return {"model": model, f"longest_on_{most}_gpus": longest, "weight_sync": sync}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="7b", help="7b, or a bench/_trainer_common.py shape (1.5b, tiny)")
+    parser.add_argument(
+        "--model", default="7b", help="7b, or a bench/_trainer_common.py shape (1.5b, tiny); several: 1.5b,7b"
+    )
     parser.add_argument("--gpus", default="1,2", help="GPU counts; the largest also runs --longest")
     parser.add_argument("--lengths", default="32768,131072")
     parser.add_argument("--longest", default="262144,196608", help="tried longest first on the most GPUs")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--no-sync", dest="sync", action="store_false")
-    parser.add_argument("--job-timeout", type=int, default=900)
+    parser.add_argument("--job-timeout", type=int, default=900, help="seconds one job may run")
+    parser.add_argument(
+        "--deadline",
+        type=int,
+        default=0,
+        help="seconds for the whole run: later jobs are skipped, the table kept",
+    )
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=0, help=argparse.SUPPRESS)
@@ -168,35 +252,30 @@ def main() -> int:
         return 0
 
     args.out.mkdir(parents=True, exist_ok=True)
-    gpus = [int(g) for g in args.gpus.split(",") if g]
-    lengths = [int(n) for n in args.lengths.split(",") if n]
-    rows = [launch(args, g, n, False) for n in lengths for g in sorted(gpus)]
-    most = max(gpus)
-    longest = max((r["tokens"] for r in rows if r["gpus"] == most and r["status"] == "ok"), default=0)
-    for n in sorted((int(x) for x in args.longest.split(",") if x), reverse=True):
-        if n <= longest:
-            break
-        row = launch(args, most, n, False)
-        rows.append(row)
-        if row["status"] == "ok":
-            longest = n
-            break
-    sync_row = launch(args, most, lengths[0], True) if args.sync and most > 1 else {}
+    args.started, args.rows, args.stopped = time.monotonic(), [], False
+    signal.signal(signal.SIGTERM, _stop)
+    summaries = []
+    for model in (m for m in args.model.split(",") if m):
+        try:
+            summaries.append(plan(args, model))
+        except Stopped:  # between two jobs: the later ones are skipped
+            args.stopped = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the table, at least, is printed
 
-    print("\n| GPUs | tokens | status | step s | tokens/s/GPU | scaling vs 1 GPU | peak GiB/GPU |")
-    print("|---|---|---|---|---|---|---|")
-    single = {r["tokens"]: r for r in rows if r["gpus"] == 1 and r["status"] == "ok"}
-    for r in rows:
-        base = single.get(r["tokens"])
+    print("\n| model | GPUs | tokens | status | step s | tokens/s/GPU | scaling vs 1 GPU | peak GiB/GPU |")
+    print("|---|---|---|---|---|---|---|---|")
+    single = {(r["model"], r["tokens"]): r for r in args.rows if r["gpus"] == 1 and r["status"] == "ok"}
+    for r in args.rows:
+        base = single.get((r["model"], r["tokens"]))
         efficiency = ""
         if base and r["status"] == "ok" and r["gpus"] > 1:
             efficiency = f"{r['tokens_per_s_per_gpu'] / base['tokens_per_s_per_gpu']:.2f}"
         print(
-            f"| {r['gpus']} | {r['tokens']:,} | {r['status']} | {r.get('step_s', '')} "
+            f"| {r['model']} | {r['gpus']} | {r['tokens']:,} | {r['status']} | {r.get('step_s', '')} "
             f"| {r.get('tokens_per_s_per_gpu', '')} | {efficiency} | {r.get('peak_gib', '')} |"
         )
-    sync = sync_row.get("weight_sync", sync_row.get("status"))
-    print(json.dumps({"model": args.model, f"longest_on_{most}_gpus": longest, "weight_sync": sync}))
+    for summary in summaries:
+        print(json.dumps(summary))
     return 0
 
 
