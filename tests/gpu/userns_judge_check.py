@@ -7,7 +7,11 @@ The confinement is the server's own (`Isolation.judge_spec`, then the launcher),
 sandbox pods' uid), so this checks exactly what such a pod's judges get, minus the pod itself. Run as root
 on the GPU host (it drops to 65532 for the check), with pydantic on --deps:
 
-    python3 tests/gpu/userns_judge_check.py --deps /tmp/site --out $OUT
+    python3 tests/gpu/userns_judge_check.py --deps /tmp/site --out $OUT [--user-namespaces off]
+
+`--user-namespaces off` checks the restricted fallback (any pool without `userNamespaces: Required`):
+no namespaces, Landlock hiding other processes' /proc/<pid> from agent commands (nvcc must still work)
+and from the judge's worker, and the GPU judgement.
 """
 
 from __future__ import annotations
@@ -54,14 +58,41 @@ def copy_code(code: Path, deps: str) -> None:
     subprocess.run(["chmod", "-R", "a+rX", str(code.parent)], check=True)
 
 
-def check(state: Path, code: Path) -> dict[str, object]:
-    """As the sandbox uid: build the user-namespaced judge spec and run a probe and one GPU judgement."""
+def agent_probe(isolation: Any, state: Path, env: dict[str, str]) -> dict[str, object]:
+    """An agent command as the server builds it: what it sees of other processes, and whether nvcc still
+    compiles where Landlock hides /proc/<pid> (restricted mode without user namespaces)."""
+    session = state / "sessions" / "0"
+    for d in ("tmp", "shm"):
+        (session / d).mkdir(parents=True, exist_ok=True)
+    (session / "k.cu").write_text("__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n")
+    command = (
+        "{ tr '\\0' ' ' < /proc/1/cmdline; } 2>&1 | tail -c 80; echo; "
+        "nvcc -c k.cu -o k.o && echo nvcc-ok; python3 -c 'import torch; print(\"torch\", torch.__version__)'"
+    )
+    path = f"{env['PATH']}:/usr/local/cuda/bin"
+    agent_env = env | {"HOME": str(session), "TMPDIR": str(session / "tmp"), "PATH": path}
+    argv = ["/bin/bash", "-c", command]
+    spec = isolation.agent_spec(isolation.slot(0), argv, agent_env, str(session), [str(session)])
+    proc = subprocess.run(isolation.launch_argv(spec), capture_output=True, text=True, timeout=300)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    # Hidden: refused (no namespaces), or pid 1 is the command itself (its own PID namespace).
+    first = lines[0] if lines else ""
+    return {
+        "agent_output": " | ".join(lines)[-400:],
+        "agent_pid1_hidden": "Permission denied" in first or "nvcc -c k.cu" in first,
+        "agent_nvcc_ok": "nvcc-ok" in lines,
+    }
+
+
+def check(state: Path, code: Path, user_namespaces: str) -> dict[str, object]:
+    """As the sandbox uid: build the server's judge spec (user-namespaced, or the restricted fallback with
+    `off`) and run a probe, an agent command and one GPU judgement."""
     sys.path[:0] = _paths(code).split(os.pathsep)
     from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
     from cuda_agent.sandbox.server.config import SandboxServerConfig
     from cuda_agent.sandbox.server.isolation import Isolation
 
-    config = SandboxServerConfig(state_dir=state, isolation="restricted", user_namespaces="on")
+    config = SandboxServerConfig(state_dir=state, isolation="restricted", user_namespaces=user_namespaces)
     isolation = Isolation(config, "restricted", private_mounts=False)
     job = state / "jobs" / "0"
     snapshot, scratch, cache = job / "snapshot", job / "scratch", state / "cache"
@@ -119,11 +150,12 @@ def check(state: Path, code: Path) -> dict[str, object]:
         "userns spec, no landlock": {"landlock": None},
         "userns spec, no PID namespace": {"new_pidns": False},
     }
-    for name, change in variants.items():
+    for name, change in variants.items() if user_namespaces == "on" else ():
         proc = subprocess.run(
             isolation.launch_argv(base | change), capture_output=True, text=True, timeout=120, check=False
         )
         result[f"cuda: {name}"] = (proc.stdout.strip() or proc.stderr.strip()[-160:]).replace("\n", " | ")
+    result |= agent_probe(isolation, state, env)
     probe = run(["/bin/sh", "-c", PROBE], 60)
     result["probe"] = (probe.stdout + probe.stderr).strip()
     seen = re.search(r"pid (\d+) sees (\d+) processes", probe.stdout)
@@ -147,6 +179,7 @@ def check(state: Path, code: Path) -> dict[str, object]:
     except json.JSONDecodeError:
         result["stdout_tail"] = judged.stdout[-1500:]
     result["stderr_tail"] = judged.stderr[-1500:]
+    result["judge_sees_processes"] = "other processes stay visible" in judged.stdout + judged.stderr
     held = lock.read()
     result["gpu_lock"] = {
         "acquisitions": held.acquisitions,
@@ -161,6 +194,7 @@ def main() -> int:
     parser.add_argument("--deps", default="")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")))
     parser.add_argument("--state", type=Path, default=Path("/srv/cuda-agent-userns-check"))
+    parser.add_argument("--user-namespaces", choices=("on", "off"), default="on")
     args = parser.parse_args()
     shutil.rmtree(args.state, ignore_errors=True)
     code, state = args.state / "code", args.state / "state"
@@ -175,7 +209,7 @@ def main() -> int:
         os.setresgid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
         os.setresuid(SANDBOX_UID, SANDBOX_UID, SANDBOX_UID)
         try:
-            payload = check(state, code)
+            payload = check(state, code, args.user_namespaces)
         except Exception as exc:  # reported, not raised: the parent prints the table
             payload = {"error": f"{type(exc).__name__}: {exc}"}
         os.write(write_fd, json.dumps(payload).encode())
@@ -186,12 +220,15 @@ def main() -> int:
     os.waitpid(pid, 0)
     result = json.loads(raw) if raw else {"error": "no result"}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "userns_judge_check.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"userns_judge_check_{args.user_namespaces}.json").write_text(json.dumps(result, indent=1))
     for key, value in result.items():
         print(f"{key:<24} {str(value)[:300]}")
-    ok = result.get("user_namespaces") is True and result.get("reward") in (1, 2, 3)
-    ok = ok and not result.get("host_dev_shm_has_probe") and result.get("probe_pid_namespace") is True
+    ok = result.get("reward") in (1, 2, 3) and result.get("agent_pid1_hidden") is True
+    ok = ok and result.get("agent_nvcc_ok") is True and result.get("judge_sees_processes") is False
     ok = ok and result.get("gpu_lock") == {"acquisitions": 1, "held": False, "queued": 0}
+    if args.user_namespaces == "on":
+        ok = ok and result.get("user_namespaces") is True and result.get("probe_pid_namespace") is True
+        ok = ok and not result.get("host_dev_shm_has_probe")
     print("userns_judge_check:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

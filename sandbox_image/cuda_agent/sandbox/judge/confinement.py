@@ -29,9 +29,13 @@ LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
 # Write-side filesystem rights (reads and execution stay allowed everywhere).
 FS_WRITE_FILE = 1 << 1
+FS_READ_FILE, FS_READ_DIR = 1 << 2, 1 << 3
 FS_WRITE_RIGHTS_V1 = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << b for b in range(6, 13))
 FS_REFER = 1 << 13
 FS_TRUNCATE = 1 << 14
+# The rights a rule may grant on a file (the rest only make sense beneath a directory): execute, write,
+# read, truncate, ioctl on devices.
+FILE_RIGHTS = (1 << 0) | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | (1 << 15)
 NET_BIND_TCP = 1 << 0
 NET_CONNECT_TCP = 1 << 1
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
@@ -113,26 +117,55 @@ def confine_writes(writable: list[Path], devices: list[Path]) -> str:
     abi = landlock_abi()
     if abi < 1:
         return "unavailable: kernel without Landlock"
-    libc = _libc()
     fs_rights = FS_WRITE_RIGHTS_V1 | (FS_REFER if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0)
+    file_rights = FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
+    rules = [*((p, fs_rights) for p in writable), *((p, file_rights) for p in devices)]
     attr = _RulesetAttr(
         fs_rights,
         (NET_BIND_TCP | NET_CONNECT_TCP) if abi >= 4 else 0,
         (SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL) if abi >= 6 else 0,
     )
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    error = _restrict_self(attr, 24 if abi >= 6 else 16 if abi >= 4 else 8, rules)
+    if error:
+        return f"failed: {error}"
+    parts = [f"abi {abi}: writes only to the private dir"]
+    if abi >= 4:
+        parts.append("no TCP")
+    if abi >= 6:
+        parts.append("no signals or abstract sockets outward")
+    return "on (" + ", ".join(parts) + ")"
+
+
+def hide_processes() -> str:
+    """A Landlock layer under which the caller (and its children) read everything but the other
+    processes' /proc/<pid>: the judge's and the server's, and in a pod without PID namespaces every other
+    session's command lines. Applied before candidate code, after CUDA and the trusted compile started."""
+    if landlock_abi() < 1:
+        return "unavailable: kernel without Landlock"
+    reads = FS_READ_FILE | FS_READ_DIR
+    rules = [(Path(p), reads) for p in (*readable_outside(Path("/proc")), *proc_without_pids())]
+    error = _restrict_self(_RulesetAttr(reads, 0, 0), 8, rules)
+    return f"failed: {error}" if error else "on (no /proc/<pid> but its own)"
+
+
+def _restrict_self(attr: _RulesetAttr, size: int, rules: list[tuple[Path, int]]) -> str:
+    """One Landlock layer: the rules' rights beneath each existing path (directory-only rights dropped on
+    files), then no_new_privs and restrict_self. Returns "" or what failed."""
+    libc = _libc()
     ruleset = libc.syscall(
         SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)
     )
     if ruleset < 0:
-        return f"failed: create_ruleset errno {ctypes.get_errno()}"
+        return f"create_ruleset errno {ctypes.get_errno()}"
     try:
-        file_rights = FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
-        for path, rights in [*((p, fs_rights) for p in writable), *((p, file_rights) for p in devices)]:
-            if not path.exists():
-                continue
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for path, rights in rules:
             try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # absent (or vanished since listed): nothing to allow
+            try:
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    rights &= FILE_RIGHTS
                 rule = _PathBeneathAttr(rights, fd)
                 rc = libc.syscall(
                     SYS_LANDLOCK_ADD_RULE,
@@ -142,21 +175,40 @@ def confine_writes(writable: list[Path], devices: list[Path]) -> str:
                     ctypes.c_uint32(0),
                 )
                 if rc < 0:
-                    return f"failed: add_rule {path} errno {ctypes.get_errno()}"
+                    return f"add_rule {path} errno {ctypes.get_errno()}"
             finally:
                 os.close(fd)
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            return f"failed: no_new_privs errno {ctypes.get_errno()}"
+            return f"no_new_privs errno {ctypes.get_errno()}"
         if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
-            return f"failed: restrict_self errno {ctypes.get_errno()}"
+            return f"restrict_self errno {ctypes.get_errno()}"
     finally:
         os.close(ruleset)
-    parts = [f"abi {abi}: writes only to the private dir"]
-    if abi >= 4:
-        parts.append("no TCP")
-    if abi >= 6:
-        parts.append("no signals or abstract sockets outward")
-    return "on (" + ", ".join(parts) + ")"
+    return ""
+
+
+def readable_outside(*hidden: Path) -> list[str]:
+    """Every path beside the ways from / to each of `hidden`: together, all of the tree except them."""
+    targets = {h.resolve() for h in hidden}
+    ancestors = {parent for target in targets for parent in target.parents}
+    roots: list[str] = []
+    pending = [Path("/")]
+    while pending:  # only the ancestors of hidden paths are opened: a handful of directories
+        current = pending.pop()
+        for entry in sorted(os.scandir(current), key=lambda e: e.name):
+            path = Path(entry.path)
+            if path in ancestors:
+                pending.append(path)
+            elif path not in targets:
+                roots.append(entry.path)
+    return sorted(roots)
+
+
+def proc_without_pids() -> list[str]:
+    """/proc's system-wide entries (cpuinfo, meminfo, sys, driver...) and `self`, opened by the process
+    that builds the rules, so that it reads its own /proc/<pid> and no other: hidepid for one process
+    (the launcher opens them before it execs the command). Its children read no /proc/<pid> at all."""
+    return sorted(f"/proc/{name}" for name in os.listdir("/proc") if not name.isdigit())
 
 
 @dataclass

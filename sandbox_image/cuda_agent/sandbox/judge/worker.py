@@ -220,6 +220,7 @@ class Worker:
         return module
 
     def collect(self) -> None:
+        self.hide_processes()
         records: list[dict[str, Any]] = []
         inline.install_collector(records)
         # `import cuda_extension` must not stop the import before later load_inline calls.
@@ -246,6 +247,14 @@ class Worker:
             torch.set_num_threads(1)
         with self.gated():
             self.compile_baseline(int(msg["weight_seed"]), int(msg["warmup_seed"]))
+        self.hide_processes()
+
+    def hide_processes(self) -> None:
+        """Before any candidate code: no other process's /proc/<pid> (their command lines), which a judge
+        without a PID namespace of its own (a restricted pod without user namespaces) would show it."""
+        hidden = confinement.hide_processes()
+        if not hidden.startswith("on"):
+            self.baseline_notes.append(f"other processes stay visible: {hidden}")
 
     @contextlib.contextmanager
     def gated(self) -> Iterator[None]:

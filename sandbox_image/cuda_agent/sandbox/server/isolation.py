@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import cuda_agent
+from cuda_agent.sandbox.judge.confinement import proc_without_pids, readable_outside
 from cuda_agent.sandbox.server.config import ProcessLimits, SandboxServerConfig
 from cuda_agent.sandbox.server.seccomp_bpf import FilterPolicy, build_filter
 
@@ -105,8 +106,8 @@ def _expose_paths(config: SandboxServerConfig) -> list[str]:
 # sockets (a pathname socket is reachable from any network namespace), so agents get an empty one.
 PRIVATE_SCRATCH = {"/tmp": "tmp", "/var/tmp": "tmp", "/dev/shm": "shm"}
 AGENT_HIDDEN_DIRS = ("/run",)
-# Restricted mode without namespaces: the devices an agent command may write (not /dev/shm or /dev/mqueue,
-# which would be shared between sessions and outlive them).
+# Restricted mode: the devices an agent command may write (not /dev/shm or /dev/mqueue, which would be
+# shared between sessions and outlive them; with namespaces /dev/shm is the session's own shm/).
 AGENT_DEVICES = (
     "/dev/null",
     "/dev/zero",
@@ -158,6 +159,14 @@ class Isolation:
         # Restricted mode has one uid for everything; Landlock hides the state directory (other sessions,
         # judge snapshots) from each child, which then sees only its own directories beneath it.
         self.landlock_read = [] if self.is_root else readable_outside(config.state_dir)
+        # Without a PID namespace, every process's /proc/<pid> (its command line, above all) is readable
+        # by same-uid code and no hidepid mount is possible unprivileged: agent commands then read all of
+        # the tree but the per-process directories, except the command's own (proc_without_pids). CUDA
+        # writes /proc/self/task at cuInit, so agents given a GPU keep all of /proc.
+        self.agent_landlock_read = self.landlock_read
+        if not self.is_root and not self.namespaces and not config.agent_gpu_access:
+            hidden = (config.state_dir, Path("/proc"))
+            self.agent_landlock_read = [*readable_outside(*hidden), *proc_without_pids()]
 
     @property
     def is_root(self) -> bool:
@@ -197,8 +206,11 @@ class Isolation:
             masks += [self._mask(p, source=f"{session_dir}/{d}") for p, d in self.agent_scratch.items()]
             namespaces = dict.fromkeys(("new_netns", "new_mountns", "new_ipcns", "new_pidns"), True)
             spec |= namespaces | {"new_userns": self.user_namespaces, "masks": masks, "hide": hide}
-        devices = [] if self.namespaces else list(AGENT_DEVICES)
-        return spec | {"landlock": self._landlock([*writable, *scratch], devices=devices)}
+        # With namespaces too: until the tenth session they got no device, so `> /dev/null` failed.
+        landlock = self._landlock(
+            [*writable, *scratch], devices=list(AGENT_DEVICES), base=self.agent_landlock_read
+        )
+        return spec | {"landlock": landlock}
 
     def judge_spec(
         self,
@@ -239,13 +251,19 @@ class Isolation:
         return spec | {"landlock": landlock}
 
     def _landlock(
-        self, writable: list[str], readable: list[str] | None = None, devices: list[str] | None = None
+        self,
+        writable: list[str],
+        readable: list[str] | None = None,
+        devices: list[str] | None = None,
+        base: list[str] | None = None,
     ) -> dict[str, list[str]] | None:
-        """`devices`: the /dev entries the child may write; None: all of /dev (judges)."""
+        """`devices`: the /dev entries the child may write; None: all of /dev (judges). `base`: what the
+        child may read besides `readable`; None: all but the state directory."""
         if self.is_root:
             return None  # separate uids and 0700 directories already keep sessions apart
         dev = ["/dev"] if devices is None else devices
-        return {"read": [*self.landlock_read, *(readable or [])], "write": [*writable, *dev]}
+        read = self.landlock_read if base is None else base
+        return {"read": [*read, *(readable or [])], "write": [*writable, *dev]}
 
     def _spec(
         self,
@@ -285,16 +303,6 @@ class Isolation:
         env = {k: os.environ[k] for k in self.config.env_passthrough if k in os.environ}
         env.setdefault("LANG", "C.UTF-8")
         return env
-
-
-def readable_outside(hidden: Path) -> list[str]:
-    """Every path beside the way from / to `hidden`: together, all of the tree except `hidden`."""
-    roots: list[str] = []
-    current = Path("/")
-    for name in hidden.resolve().parts[1:]:
-        roots += sorted(entry.path for entry in os.scandir(current) if entry.name != name)
-        current = current / name
-    return roots
 
 
 def user_namespaces_usable(setting: str) -> bool:

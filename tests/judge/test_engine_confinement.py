@@ -1,0 +1,51 @@
+"""The judge worker's Landlock layers, applied in a child process (a layer cannot be undone)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.sandbox.judge import confinement
+
+PEEK = """
+import os, sys
+from cuda_agent.sandbox.judge import confinement
+print(confinement.hide_processes())
+def peek(path):
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        return "read"
+    except OSError as exc:
+        return type(exc).__name__
+child = [sys.executable, "-c", "import sys; open(f'/proc/{sys.argv[1]}/cmdline').read()", str(os.getppid())]
+import subprocess
+print(peek(f"/proc/{os.getppid()}/cmdline"), peek("/proc/1/cmdline"), peek("/proc/self/status"),
+      peek("/proc/cpuinfo"), peek(sys.executable), subprocess.run(child, capture_output=True).returncode)
+"""
+
+
+@pytest.mark.skipif(confinement.landlock_abi() < 1, reason="kernel without Landlock")
+def test_hide_processes_leaves_only_the_callers_own_proc_entries() -> None:
+    """After the layer: the parent's and pid 1's /proc entries are refused, the caller's own, /proc's
+    system-wide files and the rest of the tree still read; a child cannot read its parent's either."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", PEEK], capture_output=True, text=True, env=env, check=True)
+    status, peeks = out.stdout.splitlines()
+    assert status.startswith("on")
+    assert peeks.split() == ["PermissionError", "PermissionError", "read", "read", "read", "1"]
+
+
+def test_readable_outside_covers_the_tree_but_the_hidden_paths(tmp_path: Path) -> None:
+    (tmp_path / "a" / "hidden").mkdir(parents=True)
+    (tmp_path / "a" / "kept").mkdir()
+    (tmp_path / "b").mkdir()
+    roots = confinement.readable_outside(tmp_path / "a" / "hidden", Path("/proc"))
+    assert str(tmp_path / "a" / "kept") in roots and str(tmp_path / "b") in roots
+    assert not any(r == "/proc" or r.startswith("/proc/") for r in roots)
+    assert not any(r in (str(tmp_path), str(tmp_path / "a")) or "hidden" in r for r in roots)
+    assert "/usr" in roots
