@@ -79,7 +79,7 @@ def agent_probe(isolation: Any, state: Path, env: dict[str, str]) -> dict[str, o
     first = lines[0] if lines else ""
     return {
         "agent_output": " | ".join(lines)[-400:],
-        "agent_pid1_hidden": "Permission denied" in first or "nvcc -c k.cu" in first,
+        "agent_pid1_hidden": "Permission denied" in first or "echo nvcc-ok" in first,
         "agent_nvcc_ok": "nvcc-ok" in lines,
     }
 
@@ -197,6 +197,7 @@ def main() -> int:
     parser.add_argument("--user-namespaces", choices=("on", "off"), default="on")
     args = parser.parse_args()
     shutil.rmtree(args.state, ignore_errors=True)
+    Path("/dev/shm/judge-probe").unlink(missing_ok=True)  # left by an earlier run without namespaces
     code, state = args.state / "code", args.state / "state"
     copy_code(code, args.deps)
     state.mkdir(parents=True)

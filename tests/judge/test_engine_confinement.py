@@ -40,6 +40,36 @@ def test_hide_processes_leaves_only_the_callers_own_proc_entries() -> None:
     assert peeks.split() == ["PermissionError", "PermissionError", "read", "read", "read", "1"]
 
 
+UNDER_SERVER_RULES = """
+import os, sys
+from pathlib import Path
+from cuda_agent.sandbox.judge import confinement
+from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV
+outside = os.pathsep.join(confinement.readable_outside(Path("/proc")))  # what the server passes
+reads = confinement.FS_READ_FILE | confinement.FS_READ_DIR
+rules = [(Path(p), reads) for p in confinement.readable_outside(Path(sys.argv[1]))]
+assert confinement._restrict_self(confinement._RulesetAttr(reads, 0, 0), 8, rules) == ""
+if sys.argv[2] == "env":
+    os.environ[JUDGE_OUTSIDE_PROC_ENV] = outside
+print(confinement.hide_processes())
+"""
+
+
+@pytest.mark.skipif(confinement.landlock_abi() < 1, reason="kernel without Landlock")
+@pytest.mark.parametrize("listed", ["env", "none"])
+def test_hide_processes_under_the_servers_landlock_rules(tmp_path: Path, listed: str) -> None:
+    """Restricted mode: the server's Landlock rules for a judge (everything but its state directory) do not
+    let the judge list /, so the worker takes the tree outside /proc from the server's environment; without
+    it the layer reports why it failed (the worker notes it) instead of raising. Found on the H200."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = [sys.executable, "-c", UNDER_SERVER_RULES, str(tmp_path), listed]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout.strip()
+    if listed == "env":
+        assert out.startswith("on")
+    else:
+        assert out.startswith("failed: cannot list the tree outside /proc") and "Permission denied" in out
+
+
 def test_readable_outside_covers_the_tree_but_the_hidden_paths(tmp_path: Path) -> None:
     (tmp_path / "a" / "hidden").mkdir(parents=True)
     (tmp_path / "a" / "kept").mkdir()

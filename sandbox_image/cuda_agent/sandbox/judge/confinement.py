@@ -20,6 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV
+
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 SYS_LANDLOCK_CREATE_RULESET = 444
@@ -62,6 +64,7 @@ ENV_PASSTHROUGH = (
     # Task files may size their inputs from it (examples/tasks/README.md); the worker regenerates the
     # orchestrator's inputs, so both must read the same value. It carries no secret.
     "CUDA_AGENT_TASK_SCALE",
+    JUDGE_OUTSIDE_PROC_ENV,  # paths, no secret: read by hide_processes before candidate code
 )
 
 
@@ -142,8 +145,13 @@ def hide_processes() -> str:
     session's command lines. Applied before candidate code, after CUDA and the trusted compile started."""
     if landlock_abi() < 1:
         return "unavailable: kernel without Landlock"
+    listed = os.environ.get(JUDGE_OUTSIDE_PROC_ENV)
+    try:
+        outside = listed.split(os.pathsep) if listed else readable_outside(Path("/proc"))
+    except OSError as exc:  # an outer Landlock layer that does not let this process list /
+        return f"failed: cannot list the tree outside /proc ({exc}) and ${JUDGE_OUTSIDE_PROC_ENV} is unset"
     reads = FS_READ_FILE | FS_READ_DIR
-    rules = [(Path(p), reads) for p in (*readable_outside(Path("/proc")), *proc_without_pids())]
+    rules = [(Path(p), reads) for p in (*outside, *proc_without_pids())]
     error = _restrict_self(_RulesetAttr(reads, 0, 0), 8, rules)
     return f"failed: {error}" if error else "on (no /proc/<pid> but its own)"
 

@@ -27,6 +27,9 @@ SHIPPED_SUFFIXES = (".py", ".json", ".md", ".cpp", ".h")
 # only the image or the server's operator may write it, never a judge or an agent; docs/judge.md).
 JUDGE_CACHE_ENV = "CUDA_AGENT_JUDGE_CACHE"
 JUDGE_SEED_ENV = "CUDA_AGENT_JUDGE_SEED"
+# The tree outside /proc as the server lists it (os.pathsep-separated): a judge under the server's Landlock
+# rules may not list / itself, and its worker needs the list to hide other processes (confinement.py).
+JUDGE_OUTSIDE_PROC_ENV = "CUDA_AGENT_JUDGE_OUTSIDE_PROC"
 # Where the sandbox image keeps its seed (built at image build time, root-owned on a read-only root fs).
 IMAGE_JUDGE_SEED_DIR = "/opt/cuda-agent/judge-seed"
 
