@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import yaml
@@ -79,3 +83,14 @@ def answers(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+@functools.cache
+def image_build() -> ModuleType:
+    """images/build.py (a script rather than a package module), loaded once from its path."""
+    spec = importlib.util.spec_from_file_location("cuda_agent_image_build", REPO / "images" / "build.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module

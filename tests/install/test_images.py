@@ -5,18 +5,18 @@ path present. Each image's own install RUN line is then executed for real in a f
 virtualenv (paths moved, pip offline from a wheel cache) and its entry point started: the operator's,
 loading without torch; the sandbox's, with a CPU torch wheel of the pinned version from pip's
 find-links (the judge CLI loads, the server configured as the operator configures pool pods answers
-/healthz, /v1/status and /metrics), less the one step that needs CUDA libraries; the trainer's, with
+/healthz, /v1/status and /metrics); the trainer's, with
 the same torch wheel, less the `vllm` extra (a CUDA-only wheel), `cuda-agent train` starting and
 DeepSpeed, Ray and transformers importing. Without that CPU torch wheel those two are skipped (PyPI's
 torch is a multi-GB CUDA build; tests never download it). Last, the operator image is built for real
 by images/build.py (buildah on a debootstrap'ed Debian base, no container engine) and its entry point
-started as its own non-root USER with a read-only root; the sandbox and trainer images need a CUDA base
-from a registry and are not built here (docs/install.md, "Building the images")."""
+started as its own non-root USER with a read-only root. The sandbox image, built the same way with
+NVIDIA's PyPI compiler wheels, is tested in test_sandbox_image.py; the trainer image needs a CUDA base
+from a registry and is not built here (docs/install.md, "Building the images")."""
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -40,7 +40,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 from fixtures.cluster import GPU_PRODUCT, KubeCluster
-from install_helpers import CHART, REPO, answers, wait_for
+from install_helpers import CHART, REPO, answers, image_build, wait_for
 
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
@@ -72,7 +72,7 @@ IMAGES = (
         "sandbox",
         REPO / "sandbox_image/Dockerfile",
         pool_children.SANDBOX_UID,
-        "sandbox",
+        "sandbox,cuda",
         ("cuda-agent", "sandbox", "serve"),
     ),
     Image(
@@ -291,8 +291,8 @@ def test_operator_image_run_line_installs_and_starts_without_torch(tmp_path: Pat
 TORCH_PIN = next(
     r for r in PYPROJECT["project"]["optional-dependencies"]["sandbox"] if r.startswith("torch==")
 )
-# The sandbox line's check that the judge links cuBLAS (the CUDA base's) and cuDNN (torch's CUDA wheels):
-# neither exists with a CPU torch and no CUDA toolkit, so this one step of the line is left out here.
+# The sandbox Dockerfile's checks that need torch's CUDA wheels (nvcc's release is torch's CUDA; the judge
+# links cuBLAS, cuBLASLt and cuDNN) live in their own RUN line, never the install line run here.
 CUDA_ONLY_CHECK = "find_vendor_libraries"
 
 
@@ -318,13 +318,6 @@ def _cpu_torch_links() -> tuple[Path, ...]:
             "cache): PyPI's torch is a multi-GB CUDA build, not downloaded by tests (docs/install.md)"
         )
     return (found[0],)
-
-
-def _without_step(run_line: str, marker: str) -> str:
-    """`run_line` less its one `&&` step containing `marker`."""
-    steps = run_line.split("&&")
-    assert len([step for step in steps if marker in step]) == 1, f"{marker!r} is not one step of {run_line!r}"
-    return "&&".join(step for step in steps if marker not in step)
 
 
 def _example_pool_spec() -> SandboxPoolSpec:
@@ -403,14 +396,16 @@ TRAINER_IMPORTS = (
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get(SKIP_INSTALL_TESTS) == "1", reason=f"{SKIP_INSTALL_TESTS}=1")
 def test_sandbox_image_run_line_installs_and_its_server_and_judge_start(tmp_path: Path) -> None:
-    """The sandbox Dockerfile's install RUN line, run as the operator image's is, with a CPU torch wheel
-    of the pinned version from pip's find-links. Left out, and only that: the step asserting the judge
-    links cuBLAS and cuDNN (the CUDA base's and torch's CUDA wheels'; neither exists here). The judge
-    seed's RUN line (nvcc) is not an install line and is not run. Then the judge CLI loads with torch and
-    the server, configured as the operator configures pool pods, answers /healthz, /v1/status, /metrics."""
+    """The sandbox Dockerfile's install RUN line, whole, run as the operator image's is, with a CPU torch
+    wheel of the pinned version from pip's find-links (the `cuda` extra's compiler wheels install beside
+    it, unused). Not run: the RUN lines after it that link the wheels' toolkit into /usr/local/cuda and
+    check it against torch's CUDA (a CPU torch has none), and the judge seed's (nvcc); the image built
+    for real runs them (test_sandbox_image.py). Then the judge CLI loads with torch and the server,
+    configured as the operator configures pool pods, answers /healthz, /v1/status, /metrics."""
     sandbox = IMAGES[1]
     links = _cpu_torch_links()
-    run_line = _without_step(_install_line(sandbox), CUDA_ONLY_CHECK)
+    run_line = _install_line(sandbox)
+    assert CUDA_ONLY_CHECK not in run_line and "/usr/local/cuda" not in run_line
     venv = _run_install_line(sandbox, tmp_path, run_line, links)
     installed = _installed(venv)
     assert [line for line in installed if line.startswith("torch==")] == [f"{TORCH_PIN}+cpu"], installed
@@ -481,16 +476,6 @@ print(json.dumps({
 """
 
 
-def _image_build() -> ModuleType:
-    """images/build.py, a script rather than a package module, loaded from its path."""
-    spec = importlib.util.spec_from_file_location("cuda_agent_image_build", REPO / "images" / "build.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def operator_image() -> Iterator[tuple[ModuleType, Any]]:
     """The operator image, built by images/build.py or reused from ~/.cache/cuda-agent/images when its
@@ -500,7 +485,7 @@ def operator_image() -> Iterator[tuple[ModuleType, Any]]:
         pytest.skip(f"{SKIP_IMAGE_BUILD}=1")
     if os.geteuid() != 0:
         pytest.skip("building with buildah (vfs storage, chroot isolation) and the restricted run need root")
-    build = _image_build()
+    build = image_build()
     try:
         image = build.build_operator()
     except build.MissingTool as missing:
