@@ -76,7 +76,8 @@ VENDOR_HEADERS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 def _vendor_roots(site_packages: str, cuda_home: str | None) -> list[Path]:
     """Where the libraries may live: the pip wheels torch itself loads first, then the CUDA toolkit and
-    the system (the sandbox image's CUDA devel base has cuBLAS; cuDNN comes with torch's wheels)."""
+    the system (in the sandbox image, whose toolkit is NVIDIA's PyPI wheels, cuBLAS is in nvidia/cu13 and
+    cuDNN in nvidia/cudnn; on a CUDA devel base the toolkit has its own cuBLAS)."""
     roots = [Path(site_packages, "nvidia", sub) for sub in ("cudnn", "cu13", "cu12", "cublas")]
     if cuda_home:
         roots.append(Path(cuda_home))
