@@ -67,7 +67,11 @@ def agent_probe(isolation: Any, state: Path, env: dict[str, str]) -> dict[str, o
     (session / "k.cu").write_text("__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n")
     command = (
         "{ tr '\\0' ' ' < /proc/1/cmdline; } 2>&1 | tail -c 80; echo; "
-        "nvcc -c k.cu -o k.o && echo nvcc-ok; python3 -c 'import torch; print(\"torch\", torch.__version__)'"
+        "nvcc -c k.cu -o k.o && echo nvcc-ok; "
+        "python3 -c 'import torch; print(\"torch\", torch.__version__)'; "
+        # Ignoring CUDA_VISIBLE_DEVICES="" must not reach the GPU: Landlock gives agents no device to write.
+        "env -u CUDA_VISIBLE_DEVICES "
+        "python3 -c 'import torch; print(\"gpu\", torch.cuda.is_available())' 2>&1"
     )
     path = f"{env['PATH']}:/usr/local/cuda/bin"
     agent_env = env | {"HOME": str(session), "TMPDIR": str(session / "tmp"), "PATH": path}
@@ -81,6 +85,7 @@ def agent_probe(isolation: Any, state: Path, env: dict[str, str]) -> dict[str, o
         "agent_output": " | ".join(lines)[-400:],
         "agent_pid1_hidden": "Permission denied" in first or "echo nvcc-ok" in first,
         "agent_nvcc_ok": "nvcc-ok" in lines,
+        "agent_gpu_unreachable": "gpu False" in lines,
     }
 
 
@@ -226,6 +231,7 @@ def main() -> int:
         print(f"{key:<24} {str(value)[:300]}")
     ok = result.get("reward") in (1, 2, 3) and result.get("agent_pid1_hidden") is True
     ok = ok and result.get("agent_nvcc_ok") is True and result.get("judge_sees_processes") is False
+    ok = ok and result.get("agent_gpu_unreachable") is True
     ok = ok and result.get("gpu_lock") == {"acquisitions": 1, "held": False, "queued": 0}
     if args.user_namespaces == "on":
         ok = ok and result.get("user_namespaces") is True and result.get("probe_pid_namespace") is True

@@ -118,16 +118,17 @@ class GpuTicketLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            with os.fdopen(os.dup(fd), "r+") as f:
-                try:
-                    state = LockState.parse(f.read())
-                except (ValueError, KeyError, TypeError):
-                    # Empty (first use) or corrupt: the queue is rebuilt from the live ticket files.
-                    state = self._recover()
-                yield state
-                f.seek(0)
-                f.truncate()
-                f.write(state.dump())
+            old = os.pread(fd, 1 << 20, 0)
+            try:
+                state = LockState.parse(old.decode())
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                # Empty (first use) or corrupt: the queue is rebuilt from the live ticket files.
+                state = self._recover()
+            yield state
+            # One write, padded with spaces (JSON ignores them) over the old text, never a truncate: a
+            # judge killed while it writes (a deleted session's) leaves the old state or the new one,
+            # not an empty file whose recovery would forget who holds the GPU.
+            os.pwrite(fd, state.dump().encode().ljust(len(old)), 0)
         finally:
             os.close(fd)  # closing the last fd drops the flock
 

@@ -8,6 +8,7 @@ exits 2 as the real judge does for a broken task.
 """
 
 import argparse
+import ctypes
 import hashlib
 import json
 import os
@@ -54,6 +55,12 @@ def probe_isolation(candidate: Path) -> dict:
         except OSError:
             pass
     seen["scratch_planted"] = planted
+    # SysV shared memory (IPC_PRIVATE, 4 KiB): an id in an IPC namespace of its own, -1 where refused.
+    libc = ctypes.CDLL(None, use_errno=True)
+    shm = libc.shmget(0, 4096, 0o1600)
+    if shm >= 0:
+        libc.shmctl(shm, 0, None)  # IPC_RMID
+    seen["sysv_shm"] = shm >= 0
     return seen
 
 

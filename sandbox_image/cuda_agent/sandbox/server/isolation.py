@@ -140,7 +140,12 @@ class Isolation:
         # Judges with namespaces have a PID namespace of their own, where the server's pids name nobody
         # or one of the judge's own processes (its workers), which it must be able to kill.
         judge_protected = () if self.namespaces else protected
-        judge_policy = FilterPolicy(deny_new_session=False, protected_pids=judge_protected)
+        # Without namespaces judges share the pod's SysV IPC namespace and /dev/shm: refuse the first with
+        # the filter and keep the second out of their writable devices, as for agents.
+        judge_policy = FilterPolicy(
+            deny_new_session=False, protected_pids=judge_protected, deny_sysv_ipc=not self.namespaces
+        )
+        self.judge_devices = None if self.namespaces else shared_devices_left_out()
         self.judge_filter = build_filter(judge_policy).hex()
         self.exposes = _expose_paths(config)
         self.masks = [self._mask(str(m)) for m in config.mask_paths]
@@ -246,7 +251,7 @@ class Isolation:
             spec |= dict.fromkeys(("new_userns", "new_mountns", "new_ipcns", "new_netns"), True)
         if shared_cache and self.is_root:
             spec["umask"] = 0o007
-        landlock = self._landlock(writable, readable)
+        landlock = self._landlock(writable, readable, devices=self.judge_devices)
         if landlock is not None:
             # The CUDA driver names the helper threads it starts by writing /proc/self/task/<tid>/comm;
             # refused, cuInit fails ("Error 304: OS call failed", seen on the H200), so restricted mode
@@ -308,6 +313,14 @@ class Isolation:
         env = {k: os.environ[k] for k in self.config.env_passthrough if k in os.environ}
         env.setdefault("LANG", "C.UTF-8")
         return env
+
+
+def shared_devices_left_out() -> list[str]:
+    """Every /dev entry but the shared scratch places (/dev/shm, /dev/mqueue): what a judge without its own
+    mount namespace may write (the GPU's device nodes among them), not a file another judge could read."""
+    # Symlinks (/dev/stdout -> /proc/self/fd/1) name no device: a rule would follow them to a pipe.
+    left_out = ("shm", "mqueue")
+    return sorted(e.path for e in os.scandir("/dev") if e.name not in left_out and not e.is_symlink())
 
 
 def user_namespaces_usable(setting: str) -> bool:
