@@ -45,7 +45,7 @@ demo: venv binaries
 # The operator and sandbox images, built without a container engine: debootstrap + buildah from Debian
 # (installed when missing; needs root), the sandbox's CUDA compiler from NVIDIA's PyPI wheels, cached under
 # ~/.cache/cuda-agent/images with their OCI archives (docs/install.md). The sandbox's build takes ~7 min
-# and ~31 GB of disk at its peak; `make test` never builds it (tests/install/test_sandbox_image.py skips).
+# and ~31 GB of disk at its peak; `make test` never builds it (tests/install/test_sandbox_image_build.py skips).
 images: venv
 	$(PY) images/build.py
 

@@ -11,7 +11,7 @@ DeepSpeed, Ray and transformers importing. Without that CPU torch wheel those tw
 torch is a multi-GB CUDA build; tests never download it). Last, the operator image is built for real
 by images/build.py (buildah on a debootstrap'ed Debian base, no container engine) and its entry point
 started as its own non-root USER with a read-only root. The sandbox image, built the same way with
-NVIDIA's PyPI compiler wheels, is tested in test_sandbox_image.py; the trainer image needs a CUDA base
+NVIDIA's PyPI compiler wheels, is tested in test_sandbox_image_build.py; the trainer image needs a CUDA base
 from a registry and is not built here (docs/install.md, "Building the images")."""
 
 from __future__ import annotations
@@ -400,7 +400,7 @@ def test_sandbox_image_run_line_installs_and_its_server_and_judge_start(tmp_path
     wheel of the pinned version from pip's find-links (the `cuda` extra's compiler wheels install beside
     it, unused). Not run: the RUN lines after it that link the wheels' toolkit into /usr/local/cuda and
     check it against torch's CUDA (a CPU torch has none), and the judge seed's (nvcc); the image built
-    for real runs them (test_sandbox_image.py). Then the judge CLI loads with torch and the server,
+    for real runs them (test_sandbox_image_build.py). Then the judge CLI loads with torch and the server,
     configured as the operator configures pool pods, answers /healthz, /v1/status, /metrics."""
     sandbox = IMAGES[1]
     links = _cpu_torch_links()
