@@ -23,7 +23,6 @@ import re
 import secrets
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -40,7 +39,7 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 from fixtures.cluster import GPU_PRODUCT, KubeCluster
-from install_helpers import CHART, REPO, answers, image_build, wait_for
+from install_helpers import CHART, REPO, answers, image_build, stop_group, wait_for
 
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
@@ -351,16 +350,6 @@ def _start_sandbox_server(cuda_agent: Path, state_root: Path) -> tuple[subproces
     raise AssertionError("the sandbox server did not start:\n" + "".join(lines)[-3000:])
 
 
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM to the process group, SIGKILL after 30 s."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def _check_sandbox_entry_points(cuda_agent: Path, root: Path) -> None:
     """The judge CLI loads with torch; the server answers /healthz and /v1/status as the operator runs it."""
     judge_help = subprocess.run(
@@ -385,7 +374,7 @@ def _check_sandbox_entry_points(cuda_agent: Path, root: Path) -> None:
         ) as response:
             assert response.status == 200
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 TRAINER_IMPORTS = (
@@ -610,5 +599,5 @@ def test_operator_image_reconciles_a_sandbox_pool_on_the_real_apiserver(
     except AssertionError as failure:
         raise AssertionError(f"{failure}\noperator log:\n{log_path.read_text()[-4000:]}") from failure
     finally:
-        _stop(proc)
+        stop_group(proc)
         kube_cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

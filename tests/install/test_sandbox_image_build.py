@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import tarfile
 import urllib.request
@@ -25,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from install_helpers import CHART, REPO, answers, image_build, wait_for
+from install_helpers import CHART, REPO, answers, image_build, stop_group, wait_for
 
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
@@ -242,9 +241,4 @@ def test_sandbox_image_serves_a_session_whose_agent_has_nvcc_and_whose_judge_rew
     except AssertionError as failure:
         raise AssertionError(f"{failure}\nserver log:\n{log_path.read_text()[-4000:]}") from failure
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
