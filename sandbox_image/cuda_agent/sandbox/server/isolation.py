@@ -170,11 +170,13 @@ class Isolation:
         # the tree but the per-process directories, except the command's own (proc_without_pids). CUDA
         # writes /proc/self/task at cuInit, so agents given a GPU keep all of /proc.
         self.agent_landlock_read = self.landlock_read
-        # Judges under Landlock cannot list / themselves; their workers need this to hide other processes.
-        self.outside_proc = [] if self.is_root else readable_outside(Path("/proc"))
         if not self.is_root and not self.namespaces and not config.agent_gpu_access:
             hidden = (config.state_dir, Path("/proc"))
             self.agent_landlock_read = [*readable_outside(*hidden), *proc_without_pids()]
+        # Judges under Landlock cannot list / themselves; their workers need this to hide other processes.
+        self.judge_env: dict[str, str] = {}
+        if not self.is_root:
+            self.judge_env[JUDGE_OUTSIDE_PROC_ENV] = os.pathsep.join(readable_outside(Path("/proc")))
 
     @property
     def is_root(self) -> bool:
@@ -233,9 +235,7 @@ class Isolation:
         """`readable`: the snapshot, read-only even under the server's uid; `writable`: scratch, cache.
         `shared_cache`: judges of every slot share one setgid cache directory, so what one writes there
         must stay open to the judges' group (umask 007); its private scratch is 0700 all the same."""
-        groups, limits = [self.judge_group], self.config.judge_limits
-        if self.outside_proc:
-            env = env | {JUDGE_OUTSIDE_PROC_ENV: os.pathsep.join(self.outside_proc)}
+        groups, limits, env = [self.judge_group], self.config.judge_limits, env | self.judge_env
         spec = self._spec(
             slot.judge_uid, slot.judge_gid, groups, argv, env, cwd, limits, self.judge_filter, []
         )
