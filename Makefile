@@ -42,10 +42,11 @@ test: lint typecheck pytest
 demo: venv binaries
 	$(VENV)/bin/cuda-agent demo
 
-# The operator and sandbox images, built without a container engine: debootstrap + buildah from Debian
-# (installed when missing; needs root), the sandbox's CUDA compiler from NVIDIA's PyPI wheels, cached under
-# ~/.cache/cuda-agent/images with their OCI archives (docs/install.md). The sandbox's build takes ~7 min
-# and ~31 GB of disk at its peak; `make test` never builds it (tests/install/test_sandbox_image_build.py skips).
+# The operator, sandbox and trainer images, built without a container engine: debootstrap + buildah from
+# Debian (installed when missing; needs root), the CUDA compiler from NVIDIA's PyPI wheels, cached under
+# ~/.cache/cuda-agent/images with their OCI archives (docs/install.md). The sandbox's and the trainer's
+# builds take ~6-7 min and ~31 GB of disk at their peak each; `make test` never builds them
+# (tests/install/test_{sandbox,trainer}_image_build.py skip).
 images: venv
 	$(PY) images/build.py
 

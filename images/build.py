@@ -1,9 +1,10 @@
-"""Builds the operator and sandbox images for real on a machine with no container engine and no registry:
-Debian's `debootstrap` makes a Debian bookworm base, `buildah` (vfs storage, chroot isolation, both from
-Debian) imports it from scratch and builds images/operator/Dockerfile and sandbox_image/Dockerfile on it
-(the sandbox's CUDA toolkit comes from NVIDIA's PyPI wheels), and each result is exported as an OCI
-archive. `python images/build.py` (or `make images`) builds, or reuses the build cached for the same
-inputs, then starts each image's entry point as its own non-root USER (docs/install.md).
+"""Builds the operator, sandbox and trainer images for real on a machine with no container engine and
+no registry: Debian's `debootstrap` makes a Debian bookworm base, `buildah` (vfs storage, chroot
+isolation, both from Debian) imports it from scratch and builds images/operator/Dockerfile,
+sandbox_image/Dockerfile and images/trainer/Dockerfile on it (their CUDA compiler comes from NVIDIA's PyPI
+wheels), and exports each result as an OCI archive. `python images/build.py` (or `make images`) builds,
+or reuses the build cached for the same inputs, then starts each image's entry point as its own non-root
+USER (docs/install.md).
 
 Everything lives under ~/.cache/cuda-agent/images (CUDA_AGENT_IMAGE_CACHE): the debootstrap rootfs,
 buildah's storage and the archives, so nothing touches /var/lib/containers or other system paths.
@@ -33,9 +34,11 @@ from dockerfile_parse import DockerfileParser
 REPO = Path(__file__).resolve().parents[1]
 OPERATOR_DOCKERFILE = REPO / "images" / "operator" / "Dockerfile"
 SANDBOX_DOCKERFILE = REPO / "sandbox_image" / "Dockerfile"
+TRAINER_DOCKERFILE = REPO / "images" / "trainer" / "Dockerfile"
 # The chart's image names (charts/cuda-agent/values.yaml images.*), also the archives' ref names.
 OPERATOR_NAME = "ghcr.io/cuda-agent/operator:0.1.0"
 SANDBOX_NAME = "ghcr.io/cuda-agent/sandbox:0.1.0"
+TRAINER_NAME = "ghcr.io/cuda-agent/trainer:0.1.0"
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,8 @@ class ImageSpec:
 
 OPERATOR = ImageSpec("operator", OPERATOR_DOCKERFILE, OPERATOR_NAME)
 SANDBOX = ImageSpec("sandbox", SANDBOX_DOCKERFILE, SANDBOX_NAME)
-IMAGES = {spec.kind: spec for spec in (OPERATOR, SANDBOX)}
+TRAINER = ImageSpec("trainer", TRAINER_DOCKERFILE, TRAINER_NAME)
+IMAGES = {spec.kind: spec for spec in (OPERATOR, SANDBOX, TRAINER)}
 
 # The Dockerfile's default base is python:3.11.11-slim-bookworm; ours is the same Debian release with
 # Debian's own Python 3.11 (`python` from python-is-python3, the venv module, CA certificates for pip)
@@ -362,6 +366,10 @@ def build_sandbox(cache: Path | None = None) -> BuiltImage:
     return build_image(SANDBOX, cache)
 
 
+def build_trainer(cache: Path | None = None) -> BuiltImage:
+    return build_image(TRAINER, cache)
+
+
 def trust_host_ca(cache: Path) -> list[str]:
     """Volumes that let the RUN steps' pip trust the CAs this host trusts (a TLS-inspecting egress proxy
     here signs PyPI's certificate with its own CA). Mounted during RUN only, so nothing reaches a layer."""
@@ -499,8 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--image",
         choices=sorted(IMAGES),
         action="append",
-        help="build only this image (repeatable; default: all). The sandbox's build takes ~7 min on two "
-        "cores and ~31 GB of disk at its peak (docs/install.md)",
+        help="build only this image (repeatable; default: all). The sandbox's and the trainer's builds take "
+        "~6-7 min on two cores and ~31 GB of disk at their peak each (docs/install.md)",
     )
     args = parser.parse_args(argv)
     for kind in args.image or IMAGES:

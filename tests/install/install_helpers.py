@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,6 +96,57 @@ def image_build() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+SKIP_IMAGE_BUILD = "CUDA_AGENT_SKIP_IMAGE_BUILD_TESTS"
+
+
+def cached_image(kind: str, key_env: str, build_env: str) -> tuple[ModuleType, Any]:
+    """The multi-GB image `kind` (sandbox, trainer) built from the current inputs, from the cache `make
+    images` fills; never built unless `build_env`=1, otherwise the test skips naming the key and the
+    command. `key_env`=<key> tests a cached image of other inputs (by hand, never in CI)."""
+    if os.environ.get(SKIP_IMAGE_BUILD) == "1":
+        pytest.skip(f"{SKIP_IMAGE_BUILD}=1")
+    if os.geteuid() != 0:
+        pytest.skip("buildah (vfs storage) and the restricted run need root")
+    build = image_build()
+    spec = build.IMAGES[kind]
+    pinned = os.environ.get(key_env)
+    image = build.find_image(spec, key=pinned)
+    if pinned and image is None:
+        pytest.fail(f"{key_env}={pinned}: no cached {kind} image of that key")
+    if image is None and os.environ.get(build_env) == "1":
+        try:
+            image = build.build_image(spec)
+        except build.MissingTool as missing:
+            pytest.skip(str(missing))
+    if image is None:
+        copied = ", ".join(build.copied_sources(spec.dockerfile))
+        pytest.skip(
+            f"no {kind} image built from the current inputs (key {build.current_key(spec)}: "
+            f"{spec.dockerfile.relative_to(REPO)}, the Debian base, {copied}): `make images` builds it "
+            f"(~31 GB of disk at its peak), or {build_env}=1 builds it here; docs/install.md"
+        )
+    return build, image
+
+
+def run_inside(
+    image_fixture: tuple[ModuleType, Any], argv: list[str], writable: dict[Path, str] | None = None
+) -> str:
+    """`argv` in the image as its pod runs: its USER, read-only root, /tmp a tmpfs (or `writable`'s host
+    directories, as emptyDirs), no_new_privs, no capabilities; the image's vfs layer used in place."""
+    build, image = image_fixture
+    rootfs = build.layer_rootfs(build.Buildah(build.cache_dir()), image)
+    proc = subprocess.run(
+        build.restricted(rootfs, image, argv, writable=writable),
+        env=image.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return str(proc.stdout)
 
 
 def stop_group(proc: subprocess.Popen[Any]) -> None:

@@ -11,8 +11,8 @@ DeepSpeed, Ray and transformers importing. Without that CPU torch wheel those tw
 torch is a multi-GB CUDA build; tests never download it). Last, the operator image is built for real
 by images/build.py (buildah on a debootstrap'ed Debian base, no container engine) and its entry point
 started as its own non-root USER with a read-only root. The sandbox image, built the same way with
-NVIDIA's PyPI compiler wheels, is tested in test_sandbox_image_build.py; the trainer image needs a CUDA base
-from a registry and is not built here (docs/install.md, "Building the images")."""
+NVIDIA's PyPI compiler wheels, is tested in test_sandbox_image_build.py, and the trainer image, built the
+same way, in test_trainer_image_build.py (docs/install.md, "Building the images")."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ IMAGES = (
         "trainer",
         REPO / "images/trainer/Dockerfile",
         run_children.TRAINER_UID,
-        "trainer,vllm",
+        "trainer,vllm,cuda",
         ("cuda-agent", "train"),
     ),
 )
@@ -406,15 +406,16 @@ def test_sandbox_image_run_line_installs_and_its_server_and_judge_start(tmp_path
 @pytest.mark.skipif(os.environ.get(SKIP_INSTALL_TESTS) == "1", reason=f"{SKIP_INSTALL_TESTS}=1")
 def test_trainer_image_run_line_installs_and_its_driver_starts(tmp_path: Path) -> None:
     """The trainer Dockerfile's install RUN line with a CPU torch wheel of the pinned version, less the
-    `vllm` extra: vLLM 0.26.0's PyPI wheel is built for CUDA and pulls CUDA-only wheels (GBs) that a CPU
-    machine neither has nor can use (tests/rollout/test_vllm_cpu.py runs vLLM's CPU build in its own
-    virtualenv instead; the line's resolve with vLLM was checked with pip --dry-run, docs/install.md).
+    `vllm` and `cuda` extras: vLLM 0.26.0's PyPI wheel is built for CUDA and pulls CUDA-only wheels (GBs)
+    that a CPU machine neither has nor can use (tests/rollout/test_vllm_cpu.py runs vLLM's CPU build in
+    its own virtualenv instead), and the compiler wheels serve only DeepSpeed's and FlashInfer's JIT on a
+    GPU; the whole line is built for real into the trainer image (test_trainer_image_build.py).
     Then the driver's entry point (`cuda-agent train`, the image's ENTRYPOINT) starts and DeepSpeed, Ray,
     transformers and the trainer's engine and Ray workers import."""
     trainer = IMAGES[2]
     links = _cpu_torch_links()
-    assert pip_installs(parsed(trainer)) == [".[trainer,vllm]"]
-    run_line = _install_line(trainer).replace(".[trainer,vllm]", ".[trainer]")
+    assert pip_installs(parsed(trainer)) == [".[trainer,vllm,cuda]"]
+    run_line = _install_line(trainer).replace(".[trainer,vllm,cuda]", ".[trainer]")
     venv = _run_install_line(trainer, tmp_path, run_line, links)
     installed = _installed(venv)
     assert [line for line in installed if line.startswith("torch==")] == [f"{TORCH_PIN}+cpu"], installed

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from install_helpers import CHART, REPO, answers, image_build, stop_group, wait_for
+from install_helpers import CHART, REPO, answers, cached_image, run_inside, stop_group, wait_for
 
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
@@ -33,7 +33,6 @@ from cuda_agent.sandbox.client import SyncSandboxClient
 from cuda_agent.sandbox.server.models import JudgeOptions
 
 SANDBOX_UID = pool_children.SANDBOX_UID
-SKIP_IMAGE_BUILD = "CUDA_AGENT_SKIP_IMAGE_BUILD_TESTS"
 BUILD_SANDBOX = "CUDA_AGENT_BUILD_SANDBOX_IMAGE"
 # Test the cached image of this key, built from other inputs than the checkout's (say, before a commit that
 # touched only platform/); for trying an image by hand, never in CI.
@@ -46,37 +45,7 @@ pytestmark = pytest.mark.slow
 def sandbox_image() -> tuple[ModuleType, Any]:
     """The sandbox image of the current inputs, from ~/.cache/cuda-agent/images (`make images`); built
     here only when CUDA_AGENT_BUILD_SANDBOX_IMAGE=1."""
-    if os.environ.get(SKIP_IMAGE_BUILD) == "1":
-        pytest.skip(f"{SKIP_IMAGE_BUILD}=1")
-    if os.geteuid() != 0:
-        pytest.skip("buildah (vfs storage) and the restricted run need root")
-    build = image_build()
-    pinned = os.environ.get(SANDBOX_KEY)
-    image = build.find_image(build.SANDBOX, key=pinned)
-    if pinned and image is None:
-        pytest.fail(f"{SANDBOX_KEY}={pinned}: no cached sandbox image of that key")
-    if image is None and os.environ.get(BUILD_SANDBOX) == "1":
-        try:
-            image = build.build_sandbox()
-        except build.MissingTool as missing:
-            pytest.skip(str(missing))
-    if image is None:
-        pytest.skip(
-            f"no sandbox image built from the current inputs (key {build.current_key(build.SANDBOX)}: "
-            "sandbox_image/Dockerfile, the Debian base, pyproject.toml, platform/ and sandbox_image/ "
-            f"code): `make images` builds it (~7 min, ~31 GB of disk at its peak), or {BUILD_SANDBOX}=1 "
-            "builds it here; docs/install.md"
-        )
-    return build, image
-
-
-def run_inside(sandbox_image: tuple[ModuleType, Any], argv: list[str]) -> str:
-    """`argv` in the image as its pod runs: USER 65532, read-only root, /tmp a tmpfs, no_new_privs."""
-    build, image = sandbox_image
-    rootfs = build.layer_rootfs(build.Buildah(build.cache_dir()), image)
-    proc = build.run_restricted(rootfs, image, argv)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return str(proc.stdout)
+    return cached_image("sandbox", SANDBOX_KEY, BUILD_SANDBOX)
 
 
 def test_sandbox_image_config_and_archive_name_the_charts_image_and_its_user(
