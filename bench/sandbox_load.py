@@ -3,6 +3,7 @@
     python bench/sandbox_load.py                                # 64 sessions, 30 s, CPU, fake judge
     python bench/sandbox_load.py --sessions 64 --duration 60 --judge real
     python bench/sandbox_load.py --mode gpu-throughput --gpus 1 --runs 4   # on a GPU host (H200)
+    python bench/sandbox_load.py --mode gpu-throughput --gpus 1 --server-uid 65532   # restricted mode
 
 `tools` mode: N concurrent sessions loop over write / edit / read / grep / bash / (every few rounds)
 `verify` for a bounded time and request count, and the table reports tool-call latency p50/p99 and
@@ -32,6 +33,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from cuda_agent.sandbox.client import SandboxClient, SandboxError
 from cuda_agent.sandbox.server.models import JudgeOptions
@@ -92,13 +94,27 @@ def start_server(args: argparse.Namespace, root: Path) -> tuple[subprocess.Popen
     if args.shared_judge_cache:
         command += ["--shared-judge-cache", "true"]
     log = open(root / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, **as_server_uid(args, root))
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith(b"{"):
         proc.kill()
         raise SystemExit(f"server did not start: {(root / 'server.log').read_text()[-2000:]}")
     return proc, json.loads(line)["url"]
+
+
+def as_server_uid(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Popen arguments that start the server as `--server-uid` (a pool pod's uid 65532: restricted mode,
+    every session and judge under that one uid), with a state directory and HOME it owns; none when the
+    server runs as this process's user (root: root mode)."""
+    if args.server_uid is None:
+        return {}
+    home = root / "home"
+    for path in (root / "state", home):
+        path.mkdir(mode=0o700)
+        os.chown(path, args.server_uid, args.server_uid)
+    env = {**os.environ, "HOME": str(home), "USER": "sandbox", "LOGNAME": "sandbox"}
+    return {"user": args.server_uid, "group": args.server_uid, "extra_groups": [], "env": env}
 
 
 async def timed(stats: Stats, tool: str, call: object) -> object:
@@ -112,9 +128,9 @@ async def timed(stats: Stats, tool: str, call: object) -> object:
     stats.latency[tool].append(elapsed)
     stats.requests += 1
     if tool == "bash":
-        stats.overhead.append(max(0.0, elapsed - result.duration_s))  # type: ignore[attr-defined]
+        stats.overhead.append(max(0.0, elapsed - result.duration_s))
     if getattr(result, "is_error", False):
-        stats.errors.append(f"{tool}: {result.output[:200]}")  # type: ignore[attr-defined]
+        stats.errors.append(f"{tool}: {result.output[:200]}")
     return result
 
 
@@ -204,13 +220,15 @@ async def run_tools(url: str, args: argparse.Namespace) -> None:
     print_tools_table(stats, time.monotonic() - start, args)
 
 
-async def judge_throughput(client: SandboxClient, concurrency: int, runs: int, device: str) -> float:
+async def judge_throughput(
+    client: SandboxClient, concurrency: int, runs: int, device: Literal["cpu", "cuda"]
+) -> float:
     """Judge runs per second with `concurrency` sessions each judging `runs` times after a warm-up."""
     solution = (SOLUTIONS / ("cuda" if device == "cuda" else "cpu") / "model_new.py").read_text()
     opts = JudgeOptions(trials=2, profile_trials=20)
     sessions = [
         await client.create_session(TASK.read_text(), device=device, judge=opts) for _ in range(concurrency)
-    ]  # type: ignore[arg-type]
+    ]
     for s in sessions:
         await client.tool(s.session_id, "write", {"file_path": "model_new.py", "content": solution})
     warm_start = time.monotonic()
@@ -240,7 +258,7 @@ async def judge_throughput(client: SandboxClient, concurrency: int, runs: int, d
 
 
 async def run_gpu_throughput(url: str, args: argparse.Namespace) -> None:
-    device = "cuda" if (args.gpus or 0) > 0 else "cpu"
+    device: Literal["cpu", "cuda"] = "cuda" if (args.gpus or 0) > 0 else "cpu"
     async with SandboxClient(url) as client:
         one = await judge_throughput(client, 1, args.runs, device)
         eight = await judge_throughput(client, 8, args.runs, device)
@@ -278,6 +296,11 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=None)
     parser.add_argument("--runs", type=int, default=4, help="timed judge runs per session (gpu-throughput)")
     parser.add_argument("--uid-base", type=int, default=52000)
+    parser.add_argument(
+        "--server-uid",
+        type=int,
+        help="start the server as this uid (65532, a pool pod's: restricted mode); needs root",
+    )
     args = parser.parse_args()
     if args.mode == "gpu-throughput":
         args.judge = "real"
