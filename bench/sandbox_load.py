@@ -109,6 +109,7 @@ def as_server_uid(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     server runs as this process's user (root: root mode)."""
     if args.server_uid is None:
         return {}
+    root.chmod(0o755)  # the restricted server lists its state directory's parents for Landlock's rules
     home = root / "home"
     for path in (root / "state", home):
         path.mkdir(mode=0o700)
