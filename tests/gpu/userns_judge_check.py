@@ -94,6 +94,7 @@ def check(state: Path, code: Path, user_namespaces: str) -> dict[str, object]:
     `off`) and run a probe, an agent command and one GPU judgement."""
     sys.path[:0] = _paths(code).split(os.pathsep)
     from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
+    from cuda_agent.sandbox.judge.files import JUDGE_USER
     from cuda_agent.sandbox.server.config import SandboxServerConfig
     from cuda_agent.sandbox.server.isolation import Isolation
 
@@ -113,8 +114,8 @@ def check(state: Path, code: Path, user_namespaces: str) -> dict[str, object]:
         "PYTHONPATH": _paths(code),
         "HOME": str(scratch),
         "TMPDIR": str(scratch),
-        "USER": "cuda-agent-judge",  # as the server's judge environment (judge_runner._env)
-        "LOGNAME": "cuda-agent-judge",
+        "USER": JUDGE_USER,  # as the server's judge environment (JudgeService._process_env)
+        "LOGNAME": JUDGE_USER,
         "PYTHONDONTWRITEBYTECODE": "1",
         "CUDA_VISIBLE_DEVICES": "0",
         "CUDA_AGENT_JUDGE_CACHE": str(cache),

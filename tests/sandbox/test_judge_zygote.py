@@ -1,5 +1,6 @@
-"""The judge zygote on its own: a real zygote process forks real judges (the judge CLI on CPU) under a
-launcher spec without a user switch (the root-mode path runs in test_real_judge.py through the server).
+"""The judge zygote on its own: a real zygote process, started with the server's environment by a uid
+without a passwd entry, forks real judges (the judge CLI on CPU) under a launcher spec without a user
+switch (the root-mode path runs in test_real_judge.py through the server).
 
 It must give the same verdict an exec'd judge gives, report each judge's exit code (including a kill and
 a failed confinement step) and keep serving after a judge dies."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pwd
 import shutil
 import signal
 import sys
@@ -21,8 +23,11 @@ from typing import Any
 import pytest
 
 from cuda_agent.sandbox.judge.config import default_cache_dir
-from cuda_agent.sandbox.server.isolation import unconfined_spec
+from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.isolation import Isolation, unconfined_spec
+from cuda_agent.sandbox.server.judge_runner import JudgeService
 from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
+from cuda_agent.sandbox.server.metrics import Metrics
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 TASK = EXAMPLES / "tasks" / "relu_mul_add.py"
@@ -37,13 +42,31 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     loop.close()
 
 
+# A uid with no passwd entry, as a pod's arbitrary runAsUser has (OpenShift's, or any image without one).
+UNLISTED_UID = 12345
+
+
 @pytest.fixture(scope="module")
 def zygote(
     loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[JudgeZygote]:
-    home = tmp_path_factory.mktemp("zygote")
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home)}
-    started = loop.run_until_complete(JudgeZygote.start(sys.executable, env, str(home / "zygote.log")))
+    """Started as the server starts it (JudgeService.zygote_env) by a uid without a passwd entry: a user
+    namespace maps this process's uid to UNLISTED_UID. Without the judge user in that environment the
+    zygote's preload raised KeyError (getpwuid) and every judge was exec'd, ~10x slower on an H200."""
+    with pytest.raises(KeyError):
+        pwd.getpwuid(UNLISTED_UID)
+    state = tmp_path_factory.mktemp("state")
+    config = SandboxServerConfig(state_dir=state, isolation="restricted", user_namespaces="off")
+    service = JudgeService(config, Isolation(config, "restricted", private_mounts=False), Metrics(), 0)
+    service.zygote_dir.mkdir(parents=True)
+    python = state / "python-as-unlisted-uid"
+    python.write_text(
+        f"#!/bin/sh\nexec unshare --user --map-user={UNLISTED_UID} --map-group={UNLISTED_UID} "
+        f'{sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    log = str(service.zygote_dir / "zygote.log")
+    started = loop.run_until_complete(JudgeZygote.start(str(python), service.zygote_env(), log))
     yield started
     loop.run_until_complete(started.close())
 

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV
+from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV, JUDGE_USER
 
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
@@ -292,9 +292,8 @@ def worker_env(workspace: Workspace, device: str) -> dict[str, str]:
     env.update(
         HOME=home,
         TMPDIR=home,
-        # getpass.getuser() (inductor's default cache path) fails for a uid without a passwd entry.
-        USER="cuda-agent-judge",
-        LOGNAME="cuda-agent-judge",
+        USER=JUDGE_USER,
+        LOGNAME=JUDGE_USER,
         LANG="C.UTF-8",
         PYTHONHASHSEED="0",
         PYTHONDONTWRITEBYTECODE="1",

@@ -30,6 +30,9 @@ JUDGE_SEED_ENV = "CUDA_AGENT_JUDGE_SEED"
 # The tree outside /proc as the server lists it (os.pathsep-separated): a judge under the server's Landlock
 # rules may not list / itself, and its worker needs the list to hide other processes (confinement.py).
 JUDGE_OUTSIDE_PROC_ENV = "CUDA_AGENT_JUDGE_OUTSIDE_PROC"
+# The user every judge process (zygote, judge, worker) names in USER/LOGNAME: getpass.getuser(), which
+# inductor's cache paths call, raises for a uid without a passwd entry (a pod's arbitrary runAsUser).
+JUDGE_USER = "cuda-agent-judge"
 # Where the sandbox image keeps its seed (built at image build time, root-owned on a read-only root fs).
 IMAGE_JUDGE_SEED_DIR = "/opt/cuda-agent/judge-seed"
 
