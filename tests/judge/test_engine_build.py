@@ -192,6 +192,21 @@ def test_published_entries_never_change(tmp_path: Path) -> None:
     assert final.read_bytes() == b"first"
 
 
+@pytest.mark.parametrize(("umask", "mode"), [(0o007, 0o660), (0o077, 0o600)])
+def test_collected_sources_get_what_the_umask_grants(tmp_path: Path, umask: int, mode: int) -> None:
+    """A load_inline unit written into src/<digest>/ (atomically, through a temp file) is readable by the
+    judges' group when the cache is shared (umask 007): another slot's judge compiles the same file. It
+    was 0600 whatever the umask, and 8 sessions on one H200 failed with PermissionError."""
+    old = os.umask(umask)
+    try:
+        build.write_source(tmp_path / "main.cpp", "int f() { return 1; }\n")
+        build.write_source(tmp_path / "main.cpp", "int f() { return 2; }\n")  # replaced: the same mode
+    finally:
+        os.umask(old)
+    assert (tmp_path / "main.cpp").stat().st_mode & 0o777 == mode
+    assert (tmp_path / "main.cpp").read_text() == "int f() { return 2; }\n"
+
+
 def test_cache_cap_evicts_least_recently_used_idle_entries(tmp_path: Path) -> None:
     cache = build.BuildCache(tmp_path / "cache")
     now = time.time()

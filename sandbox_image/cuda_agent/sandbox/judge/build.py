@@ -256,9 +256,7 @@ class BuildCache:
         # Entries built in a mkdtemp scratch directory (always 0700, and chmod clears setgid) are renamed
         # into place: give them what the umask grants (never "other") and the root's setgid bit, so a
         # cache shared by the judges' group (setgid root, umask 007) stays the group's.
-        umask = os.umask(0o077)
-        os.umask(umask)
-        self.dir_mode = (0o770 & ~umask) | (root.stat().st_mode & stat.S_ISGID)
+        self.dir_mode = (0o770 & ~current_umask()) | (root.stat().st_mode & stat.S_ISGID)
 
     def obj(self, key: str) -> Path:
         return self.root / "obj" / key[:2] / f"{key}.o"
@@ -993,9 +991,21 @@ def write_source(path: Path, text: str) -> None:
         if path.read_text() == text:
             return
     fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    # mkstemp makes 0600 whatever the umask: in a cache shared by the judges' group (umask 007) another
+    # slot's judge could then not read the unit it compiles (PermissionError under 8 sessions on the H200).
+    os.fchmod(fd, 0o666 & ~current_umask())
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     os.replace(scratch, path)
+
+
+def current_umask() -> int:
+    """The process's umask, read without setting it (os.umask would race with other threads' files)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o077  # no Umask line (Linux < 4.7): assume the strictest
 
 
 def lighter_cuda_sources(code: str) -> list[tuple[str, str]]:
