@@ -48,7 +48,14 @@ def test_lint_is_clean(helm: Helm, values: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(
     ("values", "field"),
     [
-        (("--set", "operator.replicas=2"), "/operator/replicas"),
+        (
+            ("--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=false"),
+            "/operator/replicas",
+        ),
+        (
+            ("--set", "operator.leaderElection.retryPeriodSeconds=0"),
+            "/operator/leaderElection/retryPeriodSeconds",
+        ),
         (("--set", "operator.workerz=2"), "additional properties 'workerz'"),
         (("--set", "seccomp.mode=apparmor"), "/seccomp/mode"),
         (("--set", "metrics.port=70000"), "/metrics/port"),
@@ -185,10 +192,41 @@ def test_sandbox_pods_are_scraped_on_their_metrics_port_by_the_pods_named_in_val
     assert config.metrics_scraper_labels == (("app.kubernetes.io/name", "prometheus"),)
 
 
+def test_leader_election_is_a_lease_in_the_release_namespace_and_standalone_recreates(helm: Helm) -> None:
+    """By default the operator elects a leader through one Lease of its own namespace (its Role grants
+    create, and get/update of that name only), so replicas may exceed 1 and updates roll; switched off,
+    the operator runs standalone and the Deployment recreates (the schema then holds replicas at 1)."""
+    objects = helm.template("--set", "operator.replicas=2")
+    deployment = find(objects, "Deployment", "-operator")
+    assert deployment["spec"]["replicas"] == 2
+    config = parse_args(operator_container(objects)["args"])
+    assert config.leader_election is not None
+    election = config.leader_election
+    assert election.namespace == "cuda-agent" and election.lease_name == "rel-cuda-agent-operator"
+    assert (election.lease_duration, election.renew_deadline, election.retry_period) == (15, 10, 2)
+    env = {e["name"]: e for e in operator_container(objects)["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    role = find(objects, "Role", "-operator-leader-election")
+    assert role["metadata"]["namespace"] == "cuda-agent"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["rel-cuda-agent-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    standalone = helm.template("--set", "operator.leaderElection.enabled=false")
+    assert find(standalone, "Deployment", "-operator")["spec"]["strategy"] == {"type": "Recreate"}
+    assert parse_args(operator_container(standalone)["args"]).leader_election is None
+    assert not [o for o in standalone if o["metadata"]["name"].endswith("-leader-election")]
+
+
 def test_operator_deployment_is_restricted_and_its_args_parse(helm: Helm) -> None:
     objects = helm.template(*EVERYTHING)
     deployment = find(objects, "Deployment", "-operator")
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
     pod = deployment["spec"]["template"]["spec"]
     # Every SandboxPool's NetworkPolicy admits the operator by this label.
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -232,13 +270,15 @@ def test_namespaced_watch_gets_roles_only_where_it_watches(helm: Helm) -> None:
     )  # fmt: skip
     config = parse_args(operator_container(objects)["args"])
     assert config.namespaces == ("team-a", "team-b")
-    roles = sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "Role")
-    bindings = sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "RoleBinding")
+    # The operator's rules; the release namespace's Lease Role is test_leader_election_...'s.
+    watched = [o for o in objects if not o["metadata"]["name"].endswith("-leader-election")]
+    roles = sorted(o["metadata"]["namespace"] for o in watched if o["kind"] == "Role")
+    bindings = sorted(o["metadata"]["namespace"] for o in watched if o["kind"] == "RoleBinding")
     assert roles == bindings == ["team-a", "team-b"]
     (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     # Cluster-wide, the operator only reads: CRDs, and nodes and pods for gang admission.
     assert {verb for rule in cluster_role["rules"] for verb in rule["verbs"]} <= {"get", "list", "watch"}
-    role = next(o for o in objects if o["kind"] == "Role")
+    role = next(o for o in watched if o["kind"] == "Role")
     (secrets,) = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert secrets == {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["cuda-agent-artifacts"],
                        "verbs": ["get"]}  # fmt: skip
@@ -247,7 +287,9 @@ def test_namespaced_watch_gets_roles_only_where_it_watches(helm: Helm) -> None:
         "rel-cuda-agent-operator",
         "rel-cuda-agent-operator-cluster",
     }
-    assert not any(o["kind"] == "Role" for o in cluster)
+    assert [o["metadata"]["name"] for o in cluster if o["kind"] == "Role"] == [
+        "rel-cuda-agent-operator-leader-election"  # the Lease only
+    ]
 
 
 def test_artifacts_secret_parses_with_the_operators_storage_config(helm: Helm) -> None:

@@ -27,6 +27,7 @@ from install_helpers import CHART, EXAMPLE_KEYS, GPU_EXAMPLE, Helm, answers, fin
 
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import labels
+from cuda_agent.operator.cli import parse_args
 
 EVERYTHING = ("--set", "minio.enabled=true", "--set", "telemetry.collector.enabled=true")
 
@@ -204,6 +205,13 @@ def test_operator_reconciles_with_the_charts_rbac(
         assert can_i(kube_cluster, subject, "get", "secret/cuda-agent-artifacts", "-n", team)
         assert not can_i(kube_cluster, subject, "get", "secret/other", "-n", team)
         assert not can_i(kube_cluster, subject, "list", "secrets", "-n", team)
+        # Leader election: its own Lease in its own namespace, no other.
+        election = parse_args(container["args"]).leader_election
+        assert election is not None and election.namespace == operator_ns
+        lease = f"leases/{election.lease_name}"
+        assert can_i(kube_cluster, subject, "update", lease, "-n", operator_ns)
+        assert not can_i(kube_cluster, subject, "update", "leases/other", "-n", operator_ns)
+        assert not can_i(kube_cluster, subject, "create", "leases", "-n", team)
         kubeconfig = token_kubeconfig(kube_cluster, operator_ns, account, tmp_path / "operator.kubeconfig")
         # The pod's own arguments; only the liveness address moves to loopback (tests bind 127.0.0.1).
         args = [a.replace("http://0.0.0.0:", "http://127.0.0.1:") for a in container["args"]]

@@ -70,3 +70,37 @@ def test_collector_labels_are_parsed_and_a_malformed_one_names_its_flag(
     with pytest.raises(SystemExit):
         parse_args(["--otel-collector-label", "app"])
     assert "--otel-collector-label 'app': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_leader_election_takes_the_pods_name_and_namespace_from_the_downward_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("POD_NAME", "cuda-agent-operator-7d9f-abcde")
+    monkeypatch.setenv("POD_NAMESPACE", "cuda-agent")
+    first, second = (parse_args(["--leader-elect"]).leader_election for _ in range(2))
+    assert first is not None and second is not None
+    assert first.namespace == "cuda-agent" and first.lease_name == "cuda-agent-operator"
+    # One identity per process: a restarted pod of the same name is a new candidate.
+    assert first.identity.startswith("cuda-agent-operator-7d9f-abcde_") and first.identity != second.identity
+    assert parse_args([]).leader_election is None
+
+
+def test_leader_election_without_a_namespace_or_with_disordered_timings_names_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setattr("cuda_agent.operator.cli.SERVICE_ACCOUNT_NAMESPACE", Path("/nonexistent"))
+    with pytest.raises(SystemExit):
+        parse_args(["--leader-elect"])
+    assert "--leader-elect-resource-namespace" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(
+            [
+                "--leader-elect",
+                "--leader-elect-resource-namespace",
+                "x",
+                "--leader-elect-renew-deadline",
+                "20",
+            ]
+        )
+    assert "lease duration (15) > renew deadline (20)" in capsys.readouterr().err

@@ -5,14 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shlex
+import socket
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from cuda_agent.operator.config import OperatorConfig
+
+# The downward API's names (the chart sets both) and where a pod's service account names its namespace.
+POD_NAME_ENV = "POD_NAME"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def _pairs(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -89,6 +97,19 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         default="cluster",
         help="run trainers in pods (cluster) or as local processes (local: the embedded default)",
     )
+    election = parser.add_argument_group("leader election (a coordination.k8s.io Lease; for replicas > 1)")
+    election.add_argument("--leader-elect", action="store_true", help="run Kopf only while holding the Lease")
+    election.add_argument(
+        "--leader-elect-resource-namespace",
+        help=f"the Lease's namespace (default: ${POD_NAMESPACE_ENV}, else the pod's service account's)",
+    )
+    election.add_argument("--leader-elect-resource-name", help="the Lease's name (cuda-agent-operator)")
+    election.add_argument(
+        "--leader-elect-identity", help=f"holder identity (default: ${POD_NAME_ENV} or the host name + _uuid)"
+    )
+    election.add_argument("--leader-elect-lease-duration", type=int, help="seconds (15)")
+    election.add_argument("--leader-elect-renew-deadline", type=int, help="seconds (10)")
+    election.add_argument("--leader-elect-retry-period", type=int, help="seconds (2)")
     parser.add_argument("--run-dir", type=Path, help="local executor: run files, logs, sandbox state")
     parser.add_argument(
         "--trainer-command", help="local executor: trainer command line, {run_yaml} = the run file"
@@ -136,6 +157,8 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     for option in ("trainer_command", "sandbox_command"):
         if getattr(args, option):
             values[option] = tuple(shlex.split(getattr(args, option)))
+    if args.leader_elect:
+        values["leader_election"] = _leader_election(parser, args)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -147,6 +170,33 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     except ValidationError as error:
         parser.error(str(error))
         raise  # parser.error exits; this keeps type checkers informed
+
+
+def _leader_election(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, object]:
+    """The Lease's settings: flags, else the pod's downward-API environment and service account."""
+    namespace = args.leader_elect_resource_namespace or os.environ.get(POD_NAMESPACE_ENV)
+    if not namespace and SERVICE_ACCOUNT_NAMESPACE.exists():
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    if not namespace:
+        parser.error(
+            "--leader-elect: no Lease namespace "
+            f"(give --leader-elect-resource-namespace or ${POD_NAMESPACE_ENV})"
+        )
+    # Unique per process, as client-go's: a restarted pod of the same name must not inherit the Lease.
+    identity = (
+        args.leader_elect_identity
+        or f"{os.environ.get(POD_NAME_ENV) or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    )
+    settings: dict[str, object] = {"namespace": namespace, "identity": identity}
+    for flag, field in (
+        ("leader_elect_resource_name", "lease_name"),
+        ("leader_elect_lease_duration", "lease_duration"),
+        ("leader_elect_renew_deadline", "renew_deadline"),
+        ("leader_elect_retry_period", "retry_period"),
+    ):
+        if getattr(args, flag) is not None:
+            settings[field] = getattr(args, flag)
+    return settings
 
 
 async def run_operator(config: OperatorConfig, stop: asyncio.Event | None = None) -> None:
@@ -175,5 +225,15 @@ def main(argv: Sequence[str]) -> int:
     if config.kubeconfig is not None and not config.kubeconfig.exists():
         print(f"cuda-agent operator: --kubeconfig {config.kubeconfig}: no such file", file=sys.stderr)
         return 2
-    asyncio.run(run_operator(config))
-    return 0
+    if config.leader_election is None:
+        asyncio.run(run_operator(config))
+        return 0
+    from cuda_agent.operator.leader import run_elected
+
+    election = run_elected(
+        config.leader_election,
+        config.kubeconfig,
+        config.liveness_endpoint,
+        lambda stop: run_operator(config, stop),
+    )
+    return asyncio.run(election)

@@ -7,11 +7,36 @@ import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Seconds = Annotated[float, Field(ge=0)]
 DEFAULT_TRAINER_COMMAND = (sys.executable, "-m", "cuda_agent.cli", "train", "-f", "{run_yaml}")
 DEFAULT_SANDBOX_COMMAND = (sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", "--config", "{config}")
+
+
+class LeaderElectionConfig(BaseModel):
+    """Leader election through a coordination.k8s.io/v1 Lease (operator/leader.py). Whole seconds: the
+    Kubernetes client's elector requires them, and lease > renew deadline > 1.2 x retry period."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str = Field(min_length=1, description="Namespace of the Lease (the operator's own).")
+    lease_name: str = Field(default="cuda-agent-operator", min_length=1, description="Name of the Lease.")
+    identity: str = Field(min_length=1, description="This candidate's holder identity (pod name + suffix).")
+    lease_duration: int = Field(
+        default=15, ge=2, description="Seconds a follower waits on an unrenewed Lease."
+    )
+    renew_deadline: int = Field(default=10, ge=2, description="Seconds the leader may fail to renew.")
+    retry_period: int = Field(default=2, ge=1, description="Seconds between tries to acquire or renew.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if not self.lease_duration > self.renew_deadline > 1.2 * self.retry_period:
+            raise ValueError(
+                f"leader election: need lease duration ({self.lease_duration}) > renew deadline "
+                f"({self.renew_deadline}) > 1.2 x retry period ({self.retry_period})"
+            )
+        return self
 
 
 class OperatorConfig(BaseModel):
@@ -114,6 +139,11 @@ class OperatorConfig(BaseModel):
     )
     metrics_port: int = Field(
         default=0, ge=0, le=65_535, description="Port of the operator's Prometheus /metrics; 0 turns it off."
+    )
+    leader_election: LeaderElectionConfig | None = Field(
+        default=None,
+        description="Run Kopf only while holding the Lease (replicas > 1, rolling updates); None: "
+        "standalone.",
     )
 
     @field_validator("probe_networks")
