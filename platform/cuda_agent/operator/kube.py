@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import aiohttp
 from kubernetes.aio import config as aio_config
@@ -52,6 +52,17 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "SandboxPool": ("cuda-agent.io/v1alpha1", "sandboxpools"),
     "TrainingRun": ("cuda-agent.io/v1alpha1", "trainingruns"),
 }
+
+
+class _RawOptions(TypedDict, total=False):
+    """`_raw`'s keyword options that `_request` passes on (its defaults apply to those left out)."""
+
+    body: Any
+    content_type: str
+    query: list[tuple[str, str]] | None
+    counted: str
+    accept: str
+    timeout: float | None
 
 
 class KubeError(RuntimeError):
@@ -117,23 +128,9 @@ class Kube:
     async def close(self) -> None:
         await self._api.close()  # type: ignore[no-untyped-call]
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str = "application/json",
-        query: list[tuple[str, str]] | None = None,
-        counted: str = "",
-        accept: str = "application/json",
-        timeout: float | None = None,
-    ) -> Manifest | None:
-        """One HTTP round trip; None on 404, KubeError on any other failure."""
-        raw = await self._raw(
-            method, path, body=body, content_type=content_type, query=query, counted=counted,
-            accept=accept, timeout=timeout,
-        )  # fmt: skip
+    async def _request(self, method: str, path: str, **options: Unpack[_RawOptions]) -> Manifest | None:
+        """One JSON round trip (`_raw` decoded); None on 404, KubeError on any other failure."""
+        raw = await self._raw(method, path, **options)
         if raw is None:
             return None
         result: Manifest = json.loads(raw) if raw else {}

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from cuda_agent.storage._files import os_errors
 from cuda_agent.storage.errors import ObjectNotFoundError, StorageError
 from cuda_agent.storage.uri import join_uri
 
@@ -70,10 +71,19 @@ class ObjectStore(Protocol):
 
 
 class DirectoryTransfers(ABC):
-    """upload_dir / download_dir written once over the per-object operations of a store."""
+    """upload_file / upload_dir / download_dir written once over the per-object operations of a store."""
 
     @abstractmethod
-    def upload_file(self, path: PathLike, uri: str) -> None: ...
+    def upload_stream(self, stream: BinaryIO, uri: str, length: int | None = None) -> None: ...
+
+    def upload_file(self, path: PathLike, uri: str) -> None:
+        """The file as one object; its size goes along (S3 sizes its parts by it, both stores reject a
+        short read)."""
+        source = Path(path)
+        with os_errors(str(source)):
+            handle = source.open("rb")
+        with handle:
+            self.upload_stream(handle, uri, os.fstat(handle.fileno()).st_size)
 
     @abstractmethod
     def download_file(self, uri: str, path: PathLike) -> None: ...

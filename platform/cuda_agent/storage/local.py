@@ -66,13 +66,6 @@ class LocalStore(DirectoryTransfers):
         with os_errors(uri), path.open("rb") as source:
             return self._copy(source, stream, None)
 
-    def upload_file(self, path: PathLike, uri: str) -> None:
-        source = Path(path)
-        with os_errors(str(source)):
-            handle = source.open("rb")
-        with handle:
-            self.upload_stream(handle, uri, os.fstat(handle.fileno()).st_size)
-
     def download_file(self, uri: str, path: PathLike) -> None:
         source = self._object_path(uri)
         with os_errors(uri):

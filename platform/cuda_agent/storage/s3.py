@@ -206,13 +206,6 @@ class S3Store(DirectoryTransfers):
                 response.release_conn()
         return written
 
-    def upload_file(self, path: PathLike, uri: str) -> None:
-        source = Path(path)
-        with os_errors(str(source)):
-            handle = source.open("rb")
-        with handle:
-            self.upload_stream(handle, uri, os.fstat(handle.fileno()).st_size)
-
     def download_file(self, uri: str, path: PathLike) -> None:
         self._bucket_key(uri)  # a bad URI fails before a partial file is created
         with os_errors(str(path)), atomic_writer(Path(path)) as out:

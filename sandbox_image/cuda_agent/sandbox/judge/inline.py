@@ -104,17 +104,7 @@ def inline_spec(
         if not no_implicit_headers:
             cuda[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
         units.append({"file": "cuda.cu", "lang": "cuda", "code": "\n".join(cuda)})
-    spec = {
-        "name": check_name(name),
-        "units": units,
-        "extra_cflags": _as_list(extra_cflags, "extra_cflags"),
-        "extra_cuda_cflags": _as_list(extra_cuda_cflags, "extra_cuda_cflags"),
-        "extra_ldflags": _as_list(extra_ldflags, "extra_ldflags"),
-        "include_dirs": _as_list(extra_include_paths, "extra_include_paths"),
-        "with_cuda": bool(cuda) if with_cuda is None else bool(with_cuda),
-    }
-    spec["digest"] = spec_digest(spec)
-    return spec
+    return _spec(name, units, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, with_cuda)
 
 
 def file_spec(
@@ -136,6 +126,19 @@ def file_spec(
             raise ExtensionError(f"source {src!r} is not a file inside the candidate directory")
         lang = "cuda" if path.suffix in (".cu", ".cuh") else "cxx"
         units.append({"file": path.relative_to(base).as_posix(), "lang": lang, "code": path.read_text()})
+    return _spec(name, units, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths, with_cuda)
+
+
+def _spec(
+    name: Any,
+    units: list[dict[str, str]],
+    extra_cflags: Any,
+    extra_cuda_cflags: Any,
+    extra_ldflags: Any,
+    extra_include_paths: Any,
+    with_cuda: Any,
+) -> dict[str, Any]:
+    """The build spec of both load forms; without an explicit with_cuda, CUDA is on when a unit is CUDA."""
     spec = {
         "name": check_name(name),
         "units": units,

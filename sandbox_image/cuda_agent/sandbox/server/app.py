@@ -43,7 +43,7 @@ from cuda_agent.sandbox.api import (
 )
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 from cuda_agent.sandbox.server.isolation import Isolation
-from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
+from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeJob, JudgeService
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.sessions import CapacityError, Session, SessionManager, UnknownSessionError
 from cuda_agent.sandbox.server.tool_workers import ToolWorkers, cap_output
@@ -290,14 +290,16 @@ class SandboxServer:
         slot = await self.sessions.evaluate_slot()
         try:
             run = await self.judge.run(
-                stage="profile",
-                task_source=source,
-                candidate=Candidate(files=files),
-                device=body.device,
-                gpu=gpu,
-                options=body.judge,
-                slot=slot,
-                cache_dir=None,
+                JudgeJob(
+                    stage="profile",
+                    task_source=source,
+                    candidate=Candidate(files=files),
+                    device=body.device,
+                    gpu=gpu,
+                    options=body.judge,
+                    slot=slot,
+                    cache_dir=None,
+                )
             )
         finally:
             self.sessions.release_evaluate_slot(slot)

@@ -78,6 +78,21 @@ class Candidate:
     files: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class JudgeJob:
+    """One judge run's inputs: what is judged (task, candidate), how far (stage, options), and where (device,
+    GPU, the slot whose judge uid runs it, the session's build cache; None for /evaluate)."""
+
+    stage: JudgeStage
+    task_source: str
+    candidate: Candidate
+    device: Device
+    gpu: int | None
+    options: JudgeOptions
+    slot: Slot
+    cache_dir: Path | None
+
+
 class JudgeService:
     def __init__(
         self, config: SandboxServerConfig, isolation: Isolation, metrics: Metrics, gpus: int
@@ -127,46 +142,27 @@ class JudgeService:
     def changed_judge_files(self) -> list[str]:
         return changed_paths(self.baseline, hash_judge_dir(self.judge_dir))
 
-    async def run(
-        self,
-        *,
-        stage: JudgeStage,
-        task_source: str,
-        candidate: Candidate,
-        device: Device,
-        gpu: int | None,
-        options: JudgeOptions,
-        slot: Slot,
-        cache_dir: Path | None,
-    ) -> JudgeRun:
+    async def run(self, job: JudgeJob) -> JudgeRun:
         """One judge run, traced as a `judge_run` span with the judge's build / verify / profile phases
         as children (the judge process itself exports nothing: candidate code runs inside it)."""
         # A request for this run (/judge, /evaluate) is the current, live span. A run over the session's
         # judge channel finds only the long-ended span of the request that created the session: it goes
         # under the tool call running the agent's command instead.
         live = trace.get_current_span().is_recording()
-        parent = None if live else self.tool_call_contexts.get(slot.index)
+        parent = None if live else self.tool_call_contexts.get(job.slot.index)
         token = otel_context.attach(parent) if parent is not None else None
         try:
-            with span(Stage.JUDGE_RUN, stage=stage, device=device, gpu=gpu, slot=slot.index) as current:
-                run = await self._run(stage, task_source, candidate, device, gpu, options, slot, cache_dir)
+            with span(
+                Stage.JUDGE_RUN, stage=job.stage, device=job.device, gpu=job.gpu, slot=job.slot.index
+            ) as current:
+                run = await self._run(job)
                 _trace_run(current, run)
                 return run
         finally:
             if token is not None:
                 otel_context.detach(token)
 
-    async def _run(
-        self,
-        stage: JudgeStage,
-        task_source: str,
-        candidate: Candidate,
-        device: Device,
-        gpu: int | None,
-        options: JudgeOptions,
-        slot: Slot,
-        cache_dir: Path | None,
-    ) -> JudgeRun:
+    async def _run(self, job: JudgeJob) -> JudgeRun:
         start = time.monotonic()
         changed = await asyncio.to_thread(self.changed_judge_files) if self.intact else []
         if changed or not self.intact:
@@ -175,10 +171,10 @@ class JudgeService:
             error = (
                 f"judge-tampered: judge files changed since startup ({', '.join(changed[:5]) or 'earlier'})"
             )
-            return JudgeRun(stage=stage, error=error, text=f"{stage}: refused: {error}")
+            return JudgeRun(stage=job.stage, error=error, text=f"{job.stage}: refused: {error}")
         self.waiting_for_slot += 1
         try:
-            slot_lock = self._slot_locks.setdefault(slot.index, asyncio.Lock())
+            slot_lock = self._slot_locks.setdefault(job.slot.index, asyncio.Lock())
             await slot_lock.acquire()
             try:
                 await self._slots.acquire()
@@ -190,9 +186,7 @@ class JudgeService:
         queue_wait = time.monotonic() - start
         self.running += 1
         try:
-            run = await self._run_in_slot(
-                stage, task_source, candidate, device, gpu, options, slot, cache_dir
-            )
+            run = await self._run_in_slot(job)
         finally:
             self.running -= 1
             self._slots.release()
@@ -202,57 +196,49 @@ class JudgeService:
         self._record(run)
         return run
 
-    async def _run_in_slot(
-        self,
-        stage: JudgeStage,
-        task_source: str,
-        candidate: Candidate,
-        device: Device,
-        gpu: int | None,
-        options: JudgeOptions,
-        slot: Slot,
-        cache_dir: Path | None,
-    ) -> JudgeRun:
+    async def _run_in_slot(self, job: JudgeJob) -> JudgeRun:
         job_dir = self.jobs_dir / uuid.uuid4().hex[:16]
         try:
-            candidate_arg = await asyncio.to_thread(self._snapshot, job_dir, task_source, candidate, slot)
-            env = self._env(job_dir, device, gpu, cache_dir)
+            candidate_arg = await asyncio.to_thread(
+                self._snapshot, job_dir, job.task_source, job.candidate, job.slot
+            )
+            env = self._env(job_dir, job.device, job.gpu, job.cache_dir)
             argv = [
                 *self.config.judge_command,
                 str(job_dir / "task.py"),
                 candidate_arg,
                 "--device",
-                device,
+                job.device,
                 "--json",
                 "--no-service",  # rewards never come from a service a session could stand up
-                *stage_flags(stage, options),
+                *stage_flags(job.stage, job.options),
             ]
             scratch = str(job_dir / "scratch")
             writable = [scratch] + ([env[JUDGE_CACHE_ENV]] if JUDGE_CACHE_ENV in env else [])
-            if gpu is not None and GPU_LOCK_ENV in env:  # the judge takes its GPU's lock itself
-                lock = self.gpu_locks[gpu]
+            if job.gpu is not None and GPU_LOCK_ENV in env:  # the judge takes its GPU's lock itself
+                lock = self.gpu_locks[job.gpu]
                 writable += [str(lock.path), str(lock.owners_dir)]
             # The seed (checked at startup: no judge or agent can write it) is read, never written.
             readable = [str(job_dir), *([env[JUDGE_SEED_ENV]] if JUDGE_SEED_ENV in env else [])]
             spec = self.isolation.judge_spec(
-                slot, argv, env, scratch, writable, readable, self.config.shared_judge_cache
+                job.slot, argv, env, scratch, writable, readable, self.config.shared_judge_cache
             )
             run = None
             zygote = await self.zygote_for_judging()
             if zygote is not None:
                 cli_args = argv[len(self.config.judge_command) :]
                 with contextlib.suppress(ZygoteError):  # it died just now: this run is exec'd instead
-                    run = await self._spawn_forked(stage, zygote, cli_args, spec, job_dir)
+                    run = await self._spawn_forked(job.stage, zygote, cli_args, spec, job_dir)
             if run is None:
-                run = await self._spawn(stage, self.isolation.launch_argv(spec))
+                run = await self._spawn(job.stage, self.isolation.launch_argv(spec))
             if run.result is not None:
                 run.lock_wait_s = run.result.lock_wait_s or 0.0
             return run
         except SnapshotError as exc:
-            return JudgeRun(stage=stage, error=str(exc), text=f"{stage}: {exc}")
+            return JudgeRun(stage=job.stage, error=str(exc), text=f"{job.stage}: {exc}")
         finally:
             if self.isolation.is_root:
-                await asyncio.to_thread(kill_uid_processes, slot.judge_uid)
+                await asyncio.to_thread(kill_uid_processes, job.slot.judge_uid)
             await asyncio.to_thread(remove_tree, job_dir)
 
     async def _spawn(self, stage: JudgeStage, argv: list[str]) -> JudgeRun:

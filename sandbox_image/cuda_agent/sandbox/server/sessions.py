@@ -41,7 +41,7 @@ from cuda_agent.sandbox.server.isolation import (
     kill_uid_processes,
     pids_of_uid,
 )
-from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeService
+from cuda_agent.sandbox.server.judge_runner import Candidate, JudgeJob, JudgeService
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.models import (
     BackgroundJobInfo,
@@ -352,14 +352,16 @@ class SessionManager:
             # A task of its own, so that deleting the session can stop it (delete cancels it).
             session.judge_task = asyncio.create_task(
                 self.judge.run(
-                    stage=stage,
-                    task_source=session.task_source,
-                    candidate=Candidate(workspace=session.workspace),
-                    device=session.device,
-                    gpu=session.gpu,
-                    options=session.judge_options,
-                    slot=session.slot,
-                    cache_dir=session.directory / "judge-cache",
+                    JudgeJob(
+                        stage=stage,
+                        task_source=session.task_source,
+                        candidate=Candidate(workspace=session.workspace),
+                        device=session.device,
+                        gpu=session.gpu,
+                        options=session.judge_options,
+                        slot=session.slot,
+                        cache_dir=session.directory / "judge-cache",
+                    )
                 )
             )
             try:
