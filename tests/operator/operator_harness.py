@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,3 +163,24 @@ def pool_manifest(name: str, replicas: int, **spec: Any) -> dict[str, Any]:
             **spec,
         },
     }
+
+
+def metric(text: str, name: str, **labels: str) -> float | None:
+    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
+    prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
+    line = next((line for line in text.splitlines() if line.startswith(prefix)), None)
+    return float(line.split()[-1]) if line else None
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def metric_value(port: int, kind: str) -> float:
+    """Successful passes over `kind` so far; 0 while the operator does not serve /metrics yet."""
+    try:
+        text = scrape(port)
+    except OSError:
+        return 0.0
+    return metric(text, "cuda_agent_operator_reconciles_total", kind=kind, result="ok") or 0.0

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from fixtures.cluster import KubeCluster
 from fixtures.minio_server import MinioServer
-from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
+from operator_harness import Namespace, OperatorProcess, metric_value, pool_manifest, wait_for
+
+from cuda_agent.localhost import free_port
 
 RUN = "run"
 TRAINER = f"system:serviceaccount:{{ns}}:{RUN}-trainer"
@@ -84,7 +86,8 @@ def driver_env(ns: Namespace) -> dict[str, str]:
 def test_run_validates_references_trains_reports_suspends_resumes_and_is_deleted(
     namespace: Namespace, operator_factory: Callable[..., OperatorProcess]
 ) -> None:
-    operator_factory("--suspend-checkpoint-timeout", "600")
+    port = free_port()
+    operator = operator_factory("--suspend-checkpoint-timeout", "600", "--metrics-port", str(port))
     namespace.apply(run_manifest())
     blocked = wait_for(
         lambda: namespace.condition(f"trainingrun/{RUN}", "Provisioning"), "Provisioning condition"
@@ -144,9 +147,21 @@ def test_run_validates_references_trains_reports_suspends_resumes_and_is_deleted
     )
     assert checkpointing["status"] == "False" and ray_pods(namespace)
     assert phase(namespace) == "Running"  # the trainer still trains while it writes the checkpoint
+    # The operator dies while it waits for that checkpoint: its successor keeps waiting (the wait's start
+    # is in the condition, not in memory) and keeps the compute.
+    operator.kill()
+    operator.start()
+    wait_for(lambda: metric_value(port, "TrainingRun") >= 2, "the new operator's passes over the run")
+    waiting = namespace.condition(f"trainingrun/{RUN}", "Suspended")
+    assert waiting is not None and waiting["reason"] == "Checkpointing" and ray_pods(namespace)
     report(namespace, {"step": 3, "lastCheckpoint": "s3://checkpoints/run/step-3"})
     wait_for(lambda: phase(namespace) == "Suspended" and not ray_pods(namespace), "suspension to zero pods")
     assert condition_true(namespace, "Suspended")
+    # And while suspended: the new operator finds it Suspended and creates nothing.
+    operator.kill()
+    operator.start()
+    wait_for(lambda: metric_value(port, "TrainingRun") >= 2, "the new operator's passes over the run")
+    assert phase(namespace) == "Suspended" and not ray_pods(namespace)
 
     # Resume: the compute comes back and the driver resumes from the last checkpoint.
     namespace.kubectl("patch", "trainingrun", RUN, "--type=merge", "-p", '{"spec":{"suspend":false}}')

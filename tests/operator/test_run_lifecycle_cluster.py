@@ -11,14 +11,13 @@ driver pod's status as a kubelet would (restart count, last termination OOMKille
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from fixtures.cluster import KubeCluster
-from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
+from operator_harness import Namespace, OperatorProcess, metric, metric_value, pool_manifest, scrape, wait_for
 from test_run_cluster import artifacts_secret, run_manifest
 
 from cuda_agent.localhost import free_port
@@ -61,13 +60,6 @@ def crash_loop(ns: Namespace, pod: str, restarts: int) -> None:
     ns.kubectl("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
 
 
-def metric(text: str, name: str, **labels: str) -> float | None:
-    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
-    prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
-    line = next((line for line in text.splitlines() if line.startswith(prefix)), None)
-    return float(line.split()[-1]) if line else None
-
-
 def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadline_ends_a_run(
     namespace: Namespace, operator_factory: Callable[..., OperatorProcess]
 ) -> None:
@@ -102,6 +94,14 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
     reported = wait_for(lambda: namespace.condition("sandboxpool/pool", "LoadReported"), "LoadReported")
     assert (reported["status"], reported["reason"]) == ("Unknown", "PodsNotAnswering")
     assert "activeSessions" not in namespace.get("sandboxpool", "pool")["status"]
+    # Restarted while the pool does not answer: its first passes report Unknown again, never zeros.
+    operator.kill()
+    operator.start()
+    wait_for(lambda: metric_value(port, "SandboxPool") >= 2, "the new operator's passes over the pool")
+    reported = namespace.condition("sandboxpool/pool", "LoadReported")
+    assert reported is not None
+    assert (reported["status"], reported["reason"]) == ("Unknown", "PodsNotAnswering")
+    assert "activeSessions" not in namespace.get("sandboxpool", "pool")["status"]
 
     # The first run's trainer is OOM-killed twice (backoffLimit 1): Failed with the kubelet's reason.
     crash_loop(namespace, "first-driver", restarts=2)
@@ -117,6 +117,9 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
     # Its GPUs free, the second run starts by itself; its deadline then ends it.
     wait_for(lambda: status(namespace, "second").get("phase") == "WarmingUp", "the second run to start")
     assert status(namespace, "second").get("startTime")
+    # Restarted while the deadline runs: the deadline counts from status.startTime, not from this process.
+    operator.kill()
+    operator.start()
     wait_for(lambda: status(namespace, "second").get("phase") == "Failed", "the second run's deadline")
     assert condition(namespace, "second", "Failed")["reason"] == "DeadlineExceeded"
     wait_for(lambda: not run_pods(namespace, "second"), "the second run's compute to go")
@@ -140,16 +143,6 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
     text = scrape(port)
     assert metric(text, "cuda_agent_operator_queued_trainingruns") == 0
     assert metric(text, "cuda_agent_operator_workqueue_depth") is not None
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
-def metric_value(port: int, kind: str) -> float:
-    found = metric(scrape(port), "cuda_agent_operator_reconciles_total", kind=kind, result="ok")
-    return found or 0.0
 
 
 POD_GROUP_CRD = {
