@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 pytest_plugins = ["fixtures.cluster", "fixtures.minio_server"]
 
-# Fixture names whose tests share one machine-wide resource and must run in one pytest-xdist worker:
+# Fixture names whose tests share one machine-wide resource and must run in one pytest-xdist worker
+# (and one costly module fixture that should be built once):
 # the local control plane's GPU nodes (tests expect every GPU free when they start) and a local Ray cluster
 # (asked for by fixture, or by the `ray` marker where a test starts one itself).
 _WORKER_GROUPS = {
@@ -24,13 +25,31 @@ _WORKER_GROUPS = {
     "ray_local": "ray",
     "ray_session": "ray",
     "ray": "ray",
+    # Not a shared resource but an expensive module fixture (a zygote that imports torch and inductor,
+    # ~18 s on two cores): spread over both workers, each built its own.
+    "zygote": "judge-zygote",
 }
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs two xdist workers with `--dist loadgroup`; a group's tests stay in one worker."""
+    """`make test` runs two xdist workers with `--dist loadgroup`; a group's tests stay in one worker.
+    First among the hooks, so the marks are there when xdist's own hook reads them."""
     for item in items:
         names = set(getattr(item, "fixturenames", ())) | {m.name for m in item.iter_markers()}
         group = next((g for key, g in _WORKER_GROUPS.items() if key in names), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            _suffix_node_id(item, group)
+
+
+def _suffix_node_id(item: pytest.Item, group: str) -> None:
+    """pytest-xdist 3.8 groups by a `@group` suffix it writes to `item._nodeid`, which pytest 9 no longer
+    reads (a node's id is `item._id`), so every group was silently ignored and the control plane's tests
+    ran in both workers at once. Write the suffix where pytest 9 reads it, on xdist workers only."""
+    if not hasattr(item.config, "workerinput") or not item.config.getvalue("loadgroup"):
+        return
+    from _pytest.nodeid import coerce_node_id  # private: no public way to rename a collected item
+
+    if not item.nodeid.endswith(f"@{group}"):
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
