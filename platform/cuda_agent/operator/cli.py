@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from cuda_agent.operator.config import OperatorConfig
+from cuda_agent.operator.config import LeaderElectionConfig, OperatorConfig
 
 # The downward API's names (the chart sets both) and where a pod's service account names its namespace.
 POD_NAME_ENV = "POD_NAME"
@@ -103,13 +103,16 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         "--leader-elect-resource-namespace",
         help=f"the Lease's namespace (default: ${POD_NAMESPACE_ENV}, else the pod's service account's)",
     )
-    election.add_argument("--leader-elect-resource-name", help="the Lease's name (cuda-agent-operator)")
+    lease = LeaderElectionConfig.model_fields
+    election.add_argument(
+        "--leader-elect-resource-name", help=f"the Lease's name ({lease['lease_name'].default})"
+    )
     election.add_argument(
         "--leader-elect-identity", help=f"holder identity (default: ${POD_NAME_ENV} or the host name + _uuid)"
     )
-    election.add_argument("--leader-elect-lease-duration", type=int, help="seconds (15)")
-    election.add_argument("--leader-elect-renew-deadline", type=int, help="seconds (10)")
-    election.add_argument("--leader-elect-retry-period", type=int, help="seconds (2)")
+    for timing in ("lease_duration", "renew_deadline", "retry_period"):
+        flag = "--leader-elect-" + timing.replace("_", "-")
+        election.add_argument(flag, type=int, help=f"seconds ({lease[timing].default})")
     parser.add_argument("--run-dir", type=Path, help="local executor: run files, logs, sandbox state")
     parser.add_argument(
         "--trainer-command", help="local executor: trainer command line, {run_yaml} = the run file"

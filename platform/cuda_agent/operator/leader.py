@@ -43,8 +43,8 @@ async def run_elected(
     liveness_endpoint: str | None,
     run: Callable[[asyncio.Event], Awaitable[None]],
 ) -> int:
-    """Waits for the Lease, then awaits `run(stop)`; `stop` is set when the Lease is lost. Returns 0 when
-    `run` ended on its own (a signal), LOST_LEADERSHIP when the Lease was lost."""
+    """Waits for the Lease, then awaits `run(lost)`; `lost` is set when the Lease is lost (Kopf's stop
+    flag). Returns 0 when `run` ended on its own (a signal), LOST_LEADERSHIP when the Lease was lost."""
     _load_client_config(kubeconfig)
     logging.getLogger("leaderelection").addFilter(_QuietFollower())
     loop = asyncio.get_running_loop()
@@ -67,21 +67,11 @@ async def run_elected(
     async with _serving_liveness(liveness_endpoint):
         await leading.wait()
     log.info("%s holds the Lease %s: starting", election.identity, lease)
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(_forward(lost, stop))
-    try:
-        await run(stop)
-    finally:
-        watcher.cancel()
+    await run(lost)
     if lost.is_set():
         log.error("%s lost the Lease %s: stopped, exiting to restart as a follower", election.identity, lease)
         return LOST_LEADERSHIP
     return 0
-
-
-async def _forward(source: asyncio.Event, target: asyncio.Event) -> None:
-    await source.wait()
-    target.set()
 
 
 def _load_client_config(kubeconfig: Path | None) -> None:
