@@ -6,7 +6,7 @@ Ray actor (vllm_engine.VLLMEngine, hf.TransformersEngine) one of them: the Ray p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from cuda_agent.rollout.base import FinishReason, Generation, GenerationBackend, SamplingParams
@@ -59,18 +59,16 @@ class RoutedBackend:
             self.sessions[index] -= 1
             await self.engines[index].release(session)
 
-    async def update_weights(self, buckets: Iterable[NamedTensors]) -> int:
-        """Load the buckets into every engine, one bucket at a time on all engines at once (bounded
-        memory on the sender). Call it between rollout batches: requests in flight would mix weights.
-        Returns the number of buckets sent."""
-        sent = 0
-        for bucket in buckets:
-            await asyncio.gather(*(_updatable(e).update_weights(bucket) for e in self.engines))
-            sent += 1
+    async def update_weights(self, bucket: NamedTensors) -> None:
+        """Load one bucket into every engine at once; the trainer sends an update bucket by bucket
+        (bounded memory on the sender) and then calls `finish_weight_update`. Call it between rollout
+        batches: requests in flight would mix weights."""
+        await asyncio.gather(*(_updatable(e).update_weights(bucket) for e in self.engines))
+
+    async def finish_weight_update(self) -> None:
         # An engine that stages an update (vLLM reloads layer by layer) applies it once all buckets are in.
         staged = [e for e in self.engines if isinstance(e, StagedWeightUpdates)]
         await asyncio.gather(*(e.finish_weight_update() for e in staged))
-        return sent
 
 
 def _updatable(engine: GenerationBackend) -> UpdatableBackend:

@@ -10,7 +10,6 @@ its episodes under the same key, and counts them once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from cuda_agent.storage import join_uri, open_store
 from cuda_agent.telemetry import Stage, record_step, span
 from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
 from cuda_agent.trainer.data import TaskOrder
+from cuda_agent.trainer.event_loop import run_async
 from cuda_agent.trainer.report import write_report
 from cuda_agent.trainer.rollout import Rollout, RolloutRequest, learnable, rft_filter
 from cuda_agent.trainer.step import (
@@ -232,7 +232,7 @@ class Trainer:
             max_context_tokens=context,
             seed=self._seed(step) * 10_000,
         )
-        trajectories = asyncio.run(self.rollout.generate(request))
+        trajectories = run_async(self.rollout.generate(request))  # one event loop for the whole run
         self._record(f"episodes/{stage}/step-{step:06d}.jsonl", trajectories)
         return trajectories
 
