@@ -1,8 +1,8 @@
 """Status writers: how a trainer's progress reaches its TrainingRun.
 
 The mode comes from the operator <-> trainer contract (`TrainerEnv.status_mode`): "kubernetes" patches the
-trainer-owned fields of the TrainingRun's status subresource (step, metrics, lastCheckpoint) through the
-API models; "file" appends one JSON line per report (the local executor and tests read it); "none" only
+trainer-owned fields of the TrainingRun's status subresource (step, metrics, lastCheckpoint, rollout) through
+the API models; "file" appends one JSON line per report (the local executor and tests read it); "none" only
 logs. Torch-free, so the operator and tests import it.
 """
 
@@ -27,11 +27,14 @@ class StatusWriter(Protocol):
 
 def progress_status(progress: TrainerProgress) -> TrainingRunStatus:
     """The trainer-owned part of the TrainingRun status that mirrors one progress report: step, metrics,
-    last checkpoint. Phase and conditions belong to the operator (operator/run_reconciler.py), which derives
-    WarmingUp / Training from the driver's state and this step; a merge patch of these fields only leaves
-    the operator's untouched."""
+    last checkpoint, the rollout backend. Phase and conditions belong to the operator
+    (operator/run_reconciler.py), which derives WarmingUp / Training from the driver's state and this step;
+    a merge patch of these fields only leaves the operator's untouched."""
     return TrainingRunStatus(
-        step=progress.step, metrics=progress.metrics, last_checkpoint=progress.last_checkpoint
+        step=progress.step,
+        metrics=progress.metrics,
+        last_checkpoint=progress.last_checkpoint,
+        rollout=progress.rollout,
     )
 
 

@@ -125,8 +125,8 @@ def demo_pool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runni
 def test_shipped_prompts_are_what_the_agent_loop_produces_now(
     pvc_root: Path, demo_pool_server: RunningServer
 ) -> None:
-    run, _ = run_documents(RUN_FILE)
-    config = agent_config(run)
+    run, pool = run_documents(RUN_FILE)
+    config = agent_config(run, pool)
     codec = load_codec(run)
     tasks = {t.name: t for t in run_tasks(run)}
     records = shipped()

@@ -129,6 +129,16 @@ def test_legitimate_solution_is_rewarded_and_the_json_follows_the_contract(files
 
 
 @pytest.mark.slow
+def test_margin_decides_the_reward_tier(files: dict[str, Path]) -> None:
+    """`--margin` (a TrainingRun's spec.reward.speedupMargin, through the session's judge options) is the
+    reward's: no speedup beats a margin of 1000, so a correct candidate gets 1 (correct, not faster)."""
+    proc = judge(files["task"], files["legit"].parent, *FAST, "--margin", "1000")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["correct"], report["reward"]) == (True, 1), report
+
+
+@pytest.mark.slow
 def test_wrong_solution_gets_minus_one_with_a_located_error(files: dict[str, Path]) -> None:
     proc = judge(files["task"], files["wrong"], *FAST)
     assert proc.returncode == 0, proc.stderr

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent.api.episode import EpisodeSettings
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRunPhase
 
 ENV_RUN_NAME = "CUDA_AGENT_RUN_NAME"
@@ -20,6 +21,9 @@ ENV_RUN_NAMESPACE = "CUDA_AGENT_RUN_NAMESPACE"
 ENV_SANDBOX_URL = "CUDA_AGENT_SANDBOX_URL"
 ENV_CHECKPOINT_PREFIX = "CUDA_AGENT_CHECKPOINT_PREFIX"
 ENV_RESUME_FROM = "CUDA_AGENT_RESUME_FROM"
+# What every episode's session gets (cuda_agent.api.episode.EpisodeSettings as JSON): the operator computes it
+# from the run's spec and the SandboxPool it observed, so the device is what the pool's servers judge on.
+ENV_EPISODE = "CUDA_AGENT_EPISODE"
 # How progress is reported: "kubernetes" patches the TrainingRun's status subresource (in-cluster service
 # account or the kubeconfig named by KUBECONFIG); "file" writes JSON lines to ENV_STATUS_FILE; "none" logs.
 ENV_STATUS_MODE = "CUDA_AGENT_STATUS_MODE"
@@ -41,6 +45,7 @@ class TrainerEnv(BaseModel):
     sandbox_url: str | None = None
     checkpoint_prefix: str | None = None
     resume_from: str | None = None
+    episode: EpisodeSettings | None = None
     status_mode: StatusMode = "none"
     status_file: str | None = None
     ray_address: str | None = None
@@ -57,6 +62,7 @@ class TrainerEnv(BaseModel):
             sandbox_url=get(ENV_SANDBOX_URL),
             checkpoint_prefix=get(ENV_CHECKPOINT_PREFIX),
             resume_from=get(ENV_RESUME_FROM),
+            episode=_episode(get(ENV_EPISODE)),
             status_mode=_status_mode(get(ENV_STATUS_MODE)),
             status_file=get(ENV_STATUS_FILE),
             ray_address=get(ENV_RAY_ADDRESS),
@@ -71,6 +77,7 @@ class TrainerEnv(BaseModel):
             ENV_SANDBOX_URL: self.sandbox_url,
             ENV_CHECKPOINT_PREFIX: self.checkpoint_prefix,
             ENV_RESUME_FROM: self.resume_from,
+            ENV_EPISODE: self.episode.model_dump_json() if self.episode is not None else None,
             ENV_STATUS_MODE: self.status_mode,
             ENV_STATUS_FILE: self.status_file,
             ENV_RAY_ADDRESS: self.ray_address,
@@ -79,6 +86,15 @@ class TrainerEnv(BaseModel):
         if self.otel_endpoint:
             values[ENV_OTEL_SERVICE_NAME] = f"cuda-agent-trainer.{self.run_name}"
         return {name: value for name, value in values.items() if value}
+
+
+def _episode(value: str | None) -> EpisodeSettings | None:
+    if value is None:
+        return None
+    try:
+        return EpisodeSettings.model_validate_json(value)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_EPISODE}: {exc}") from None
 
 
 def _status_mode(value: str | None) -> StatusMode:
@@ -100,3 +116,4 @@ class TrainerProgress(BaseModel):
     metrics: TrainingMetrics | None = None
     last_checkpoint: str | None = None
     message: str = ""
+    rollout: str | None = Field(default=None, max_length=256, description="The rollout backend and device.")

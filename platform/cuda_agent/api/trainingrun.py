@@ -562,6 +562,12 @@ class TrainingRunStatus(ApiModel):
     last_checkpoint: str | None = Field(
         default=None, max_length=MAX_URI, description="URI of the newest checkpoint."
     )
+    rollout: str | None = Field(
+        default=None,
+        max_length=256,
+        description="The rollout backend and where it runs, as the trainer reports it (e.g. transformers "
+        "in process on cuda (bf16)).",
+    )
 
 
 class TrainingRun(CustomResource):

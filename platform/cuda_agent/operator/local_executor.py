@@ -23,13 +23,14 @@ import shutil
 import signal
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 import yaml
 
+from cuda_agent.api.episode import on_this_machine
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.localhost import free_port
@@ -178,6 +179,9 @@ class LocalRun:
     sandbox_state: Path = field(default_factory=lambda: _traversable_temp_dir("cuda-agent-sandbox-"))
     sandbox: Supervised | None = None
     sandbox_ready: bool = False
+    # The run's pool as the sandbox server above serves it on this machine (its GPUs those this machine
+    # has): the server's config and the trainer's episode settings both come from it.
+    pool: SandboxPoolSpec | None = None
     trainer: Supervised | None = None
     health: asyncio.Task[None] | None = None
 
@@ -244,7 +248,8 @@ class LocalExecutor:
         try:
             if local.sandbox is None or local.sandbox.state in ("stopped", "failed"):
                 pool = await _pool_spec(context, run.namespace, spec.sandbox_pool_ref.name)
-                local.sandbox = self._sandbox(local, pool, requeue)
+                local.pool = on_this_machine(pool)
+                local.sandbox = self._sandbox(local, local.pool, requeue)
                 local.sandbox_ready = False
                 local.sandbox.start()
                 if local.health is not None:
@@ -262,14 +267,14 @@ class LocalExecutor:
     def _sandbox(self, local: LocalRun, pool: SandboxPoolSpec, requeue: Callable[[], None]) -> Supervised:
         """`cuda-agent sandbox serve` with the config a pool's pod gets, placed on this machine: loopback
         only, its own uid range, state in a traversable temp directory, the installed judge files (the
-        server's default judge_dir, hash-checked before every judge run), the GPUs this machine has."""
+        server's default judge_dir, hash-checked before every judge run), the pool's GPUs that this machine
+        has (`pool` is already placed: api/episode.on_this_machine)."""
         settings = server_config(pool)
         settings |= {
             "host": "127.0.0.1",
             "port": int(local.sandbox_url.rsplit(":", 1)[1]),
             "metrics_port": None,  # a pod's fixed port would collide between local servers; /metrics stays
             "state_dir": str(local.sandbox_state / "state"),
-            "gpus": None,
             # Several local servers (runs, tests) share this machine's uids: each takes its own range.
             "uid_base": UID_BASE + secrets.randbelow(UID_RANGES) * (2 * settings["max_sessions"] + 2),
         }
@@ -306,7 +311,8 @@ class LocalExecutor:
         kubeconfig = await _trainer_kubeconfig(context, run, local.directory / "kubeconfig")
         env = {key: value for key, value in os.environ.items() if not key.startswith("CUDA_AGENT_")}
         env |= await _secret_env(context, run.namespace, run.artifacts_secret)
-        env |= trainer_env(run, local.sandbox_url, ray_address=None).to_environ()
+        placed = replace(run, pool=local.pool)  # sessions ask for what this machine's server judges on
+        env |= trainer_env(placed, spec, local.sandbox_url, ray_address=None).to_environ()
         env |= {"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         if self.config.pvc_root is not None:
             env[ENV_NAMES["pvc_root"][0]] = str(self.config.pvc_root)  # read by cuda_agent.storage

@@ -14,7 +14,9 @@ from typing import Any
 
 import yaml
 
+from cuda_agent.api.episode import episode_settings
 from cuda_agent.api.run_contract import TrainerEnv
+from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
@@ -62,6 +64,9 @@ class RunContext:
     resume_from: str | None  # status.lastCheckpoint when the compute is (re)created
     pod_annotations: tuple[tuple[str, str], ...] = ()  # put on every trainer pod (e.g. for a mesh)
     gang: GangScheduling = GangScheduling()
+    # The run's SandboxPool as the operator observed it (the local executor: as its server on this machine
+    # serves it); the episodes' device comes from it. None: not observed, so no episode settings.
+    pool: SandboxPoolSpec | None = None
 
 
 def pod_group_name(run: RunContext) -> str:
@@ -214,15 +219,19 @@ def pool_sandbox_url(spec: TrainingRunSpec, namespace: str) -> str:
     return f"http://{lb.pool_service_host(spec.sandbox_pool_ref.name, namespace)}:{SANDBOX_PORT}"
 
 
-def trainer_env(run: RunContext, sandbox_url: str, ray_address: str | None) -> TrainerEnv:
-    """What every trainer process is told (pod or local process): the operator <-> trainer contract.
-    It reports progress by patching its run's status (in a pod through its ServiceAccount)."""
+def trainer_env(
+    run: RunContext, spec: TrainingRunSpec, sandbox_url: str, ray_address: str | None
+) -> TrainerEnv:
+    """What every trainer process is told (pod or local process): the operator <-> trainer contract,
+    with the settings every episode's session gets (device from the observed pool, judge options from
+    spec.reward). It reports progress by patching its run's status (in a pod through its ServiceAccount)."""
     return TrainerEnv(
         run_name=run.name,
         run_namespace=run.namespace,
         sandbox_url=sandbox_url,
         checkpoint_prefix=run.checkpoint_prefix,
         resume_from=run.resume_from,
+        episode=episode_settings(spec, run.pool) if run.pool is not None else None,
         status_mode="kubernetes",
         ray_address=ray_address or None,
         otel_endpoint=run.otel_endpoint,
@@ -230,7 +239,7 @@ def trainer_env(run: RunContext, sandbox_url: str, ray_address: str | None) -> T
 
 
 def _env(run: RunContext, spec: TrainingRunSpec, ray_address: str) -> list[dict[str, Any]]:
-    environ = trainer_env(run, pool_sandbox_url(spec, run.namespace), ray_address).to_environ()
+    environ = trainer_env(run, spec, pool_sandbox_url(spec, run.namespace), ray_address).to_environ()
     return [{"name": name, "value": value} for name, value in environ.items()]
 
 

@@ -11,6 +11,8 @@ to Kubernetes objects.
 from __future__ import annotations
 
 import copy
+import glob
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -27,11 +29,19 @@ SANDBOX_PORT = 8470
 # letting the scraper reach the session API on SANDBOX_PORT.
 SANDBOX_METRICS_PORT = 9470
 Device = Literal["cpu", "cuda"]
+
 # A candidate workspace holds at most this many files: the judge's snapshot refuses more.
 MAX_CANDIDATE_FILES = 5000
 MAX_PATH_CHARS = 4096
 MAX_PATTERN_CHARS = 4096
 JudgeStage = Literal["compile", "verify", "profile"]
+
+
+def machine_gpus() -> int:
+    """The GPUs a sandbox server on this machine shares when its config names no count (`gpus: None`):
+    the device nodes /dev/nvidia0, /dev/nvidia1... The server and the operator's local executor both count
+    them this way, so what a local run's sessions ask for is what its server judges on."""
+    return len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
 
 
 class _Strict(BaseModel):
@@ -58,15 +68,19 @@ class TaskRef(_Strict):
 
 
 class JudgeOptions(_Strict):
-    """Optional judge CLI flags; None leaves the judge's default."""
+    """Optional judge CLI flags; None leaves the judge's default. A TrainingRun's `spec.reward` reaches
+    every session through these (cuda_agent.api.episode): precision, tolerances, speedup margin."""
 
     trials: int | None = Field(default=None, ge=1, le=100)
     precision: Literal["strict-fp32", "tf32"] | None = None
     compile_mode: Literal["default", "max-autotune", "none"] | None = None
     timeout_s: float | None = Field(default=None, gt=0, le=3600)
-    atol: float | None = Field(default=None, gt=0)
-    rtol: float | None = Field(default=None, gt=0)
+    # 0 is allowed (the judge's own Tolerances take it): stricter, never looser, than any positive value.
+    atol: float | None = Field(default=None, ge=0)
+    rtol: float | None = Field(default=None, ge=0)
     profile_trials: int | None = Field(default=None, ge=0, le=1000)
+    # "Faster" in the milestone reward means speedup > 1 + margin (the paper's eq. 1).
+    margin: float | None = Field(default=None, ge=0, le=1)
 
 
 class JudgeResult(BaseModel):

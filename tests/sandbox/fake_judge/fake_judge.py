@@ -79,6 +79,7 @@ def main() -> int:
         "--atol",
         "--rtol",
         "--profile-trials",
+        "--margin",
     ):
         parser.add_argument(flag)
     args = parser.parse_args()

@@ -1,9 +1,11 @@
-"""Bounds and options of one agent episode (a TrainingRun's `spec.agent` maps onto these)."""
+"""Bounds and options of one agent episode. A TrainingRun's settings arrive as the episode contract's
+`EpisodeSettings` (cuda_agent.api.episode), which `AgentConfig.for_episode` takes as they are."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent.api.episode import EpisodeSettings
 from cuda_agent.sandbox.api import Device, JudgeOptions, JudgeStage, ToolName
 
 
@@ -32,3 +34,23 @@ class AgentConfig(BaseModel):
     max_attempts: int = Field(
         default=2, ge=1, description="episodes started when the sandbox fails (a new session each time)"
     )
+
+    @classmethod
+    def for_episode(
+        cls,
+        episode: EpisodeSettings,
+        *,
+        evaluation: bool = False,
+        max_turns: int | None = None,
+        max_context_tokens: int | None = None,
+    ) -> AgentConfig:
+        """The config of one of a run's episodes: its tools, device and judge options as they are, the
+        turn limit of training or evaluation episodes. A stage may set its own turns and context (the
+        single-turn warm-up: one turn at `warmup.singleTurnPpo.maxContextTokens`)."""
+        return cls(
+            tools=list(episode.tools),
+            max_turns=max_turns or episode.max_turns(evaluation),
+            max_context_tokens=max_context_tokens or episode.max_context_tokens,
+            device=episode.device,
+            judge=episode.judge,
+        )

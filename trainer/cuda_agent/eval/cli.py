@@ -2,6 +2,7 @@
 
     cuda-agent eval --solutions examples/solutions --tasks examples/tasks --out eval-out [--device cuda]
     cuda-agent eval --policy replay:replies.json --tokenizer DIR --tasks s3://bench/kernelbench/ --out ...
+    cuda-agent eval --run run.yaml --policy hf:DIR --tasks ...   # a TrainingRun's evaluation episodes
 
 Exit 0 when the run completed (whatever the rewards), 2 with one line on stderr for bad arguments or
 inputs (the message names the flag or file). docs/eval.md describes the layouts, metrics and outputs.
@@ -13,9 +14,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from cuda_agent.api.episode import EpisodeSettings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,7 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", type=Path, default=Path("eval-out"), help="results, report and plots (default eval-out)"
     )
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--run",
+        type=Path,
+        help="a TrainingRun file (with its SandboxPool): evaluate with the run's episode settings, its "
+        "maxTurnsEval, context, tools, the pool's device and spec.reward's precision, tolerances and margin",
+    )
+    p.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None, help="default cpu (with --run: the pool's)"
+    )
     p.add_argument("--jobs", type=int, default=2, help="evaluations in flight (default 2)")
     p.add_argument("--sandbox", dest="sandbox_url", help="sandbox server URL (default: local judges; "
                    "for --policy a local server is started)")  # fmt: skip
@@ -58,13 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", type=_words, default=[], help="only these task names (comma-separated)")
     p.add_argument("--trials", type=int, default=None, help="judge verify trials")
     p.add_argument("--profile-trials", type=int, default=None, help="judge timed trials")
-    p.add_argument("--precision", choices=("strict-fp32", "tf32"), default="strict-fp32")
+    p.add_argument("--precision", choices=("strict-fp32", "tf32"), default=None, help="default strict-fp32")
     p.add_argument("--compile-mode", choices=("default", "max-autotune", "none"), default="default")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per evaluation (judge --timeout)")
     p.add_argument(
         "--fast-p", type=_floats, default=[0.0, 0.5, 0.8, 1.0, 1.5, 2.0], help="p values of fast_p"
     )
-    p.add_argument("--margin", type=float, default=0.05, help="'faster' means speedup > 1 + margin")
+    p.add_argument(
+        "--margin", type=float, default=None, help="'faster' means speedup > 1 + margin (default 0.05)"
+    )
     p.add_argument(
         "--suspicious", type=float, default=10.0, help="list correct speedups above this for review"
     )
@@ -80,12 +94,24 @@ def _parser() -> argparse.ArgumentParser:
     policy.add_argument("--gguf-file", help="GGUF file name inside the model / tokenizer directory")
     policy.add_argument("--model", help="model name an OpenAI-compatible server expects")
     policy.add_argument(
-        "--max-turns", type=int, default=200, help="agent turns per episode (paper eval: 200)"
+        "--max-turns", type=int, default=None, help="agent turns per episode (default 200, the paper's eval)"
     )
     policy.add_argument("--max-tokens", type=int, default=4096, help="tokens per generation")
     policy.add_argument("--temperature", type=float, default=0.0)
     policy.add_argument("--policy-device", default="cpu", help="where an hf: model runs (cpu, cuda)")
     return p
+
+
+def run_episode(path: Path) -> EpisodeSettings:
+    """The evaluation settings of the TrainingRun in a run file, on its SandboxPool as a server on this
+    machine serves it (the pool must be in the file: it decides the device)."""
+    from cuda_agent.api.episode import episode_settings, on_this_machine
+    from cuda_agent.trainer.demonstrations import run_documents
+
+    run, pool = run_documents(path)
+    if pool is None:
+        raise ValueError(f"the file defines no SandboxPool named {run.spec.sandbox_pool_ref.name}")
+    return episode_settings(run.spec, on_this_machine(pool.spec))
 
 
 def main(argv: Sequence[str]) -> int:
@@ -94,25 +120,46 @@ def main(argv: Sequence[str]) -> int:
     from cuda_agent.eval.report import level_table
 
     try:
+        episode = run_episode(args.run) if args.run else None
+    except (OSError, ValueError) as exc:
+        print(f"cuda-agent eval: --run {args.run}: {exc}", file=sys.stderr)
+        return 2
+    if episode is not None:
+        given = [f for f in ("device", "precision", "margin", "max_turns") if getattr(args, f) is not None]
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            print(f"cuda-agent eval: {flags}: the run file (--run) decides these", file=sys.stderr)
+            return 2
+    # The run's judge options (spec.reward) as they are, else the flags; trials, timeouts and the
+    # compile mode are the evaluation's own either way.
+    reward: dict[str, Any] = (
+        episode.judge.model_dump(exclude_none=True)
+        if episode is not None
+        else {
+            "precision": args.precision or "strict-fp32",
+            "margin": 0.05 if args.margin is None else args.margin,
+        }
+    )
+    try:
         cfg = EvalConfig(
             tasks=args.tasks,
             out_dir=args.out,
             solutions=args.solutions,
             policy=args.policy,
-            device=args.device,
+            device=episode.device if episode is not None else (args.device or "cpu"),
             jobs=args.jobs,
             sandbox_url=args.sandbox_url,
             judge=JudgeSettings(
                 trials=args.trials,
                 profile_trials=args.profile_trials,
-                precision=args.precision,
                 compile_mode=args.compile_mode,
                 timeout_s=args.timeout,
+                **reward,
             ),
+            episode=episode,
             levels=args.level,
             only=args.only,
             fast_p=args.fast_p,
-            margin=args.margin,
             suspicious_speedup=args.suspicious,
             compare_allclose=args.compare_allclose,
             gpus=args.gpus,
@@ -124,7 +171,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
     options: dict[str, Any] = {
         "spec": {"tokenizer": args.tokenizer, "gguf_file": args.gguf_file, "model": args.model},
-        "max_turns": args.max_turns,
+        "max_turns": args.max_turns or 200,
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "policy_device": args.policy_device,

@@ -57,6 +57,9 @@ def judge_flags(settings: JudgeSettings, device: Device) -> list[str]:
         flags += ["--trials", str(settings.trials)]
     if settings.profile_trials is not None:
         flags += ["--profile-trials", str(settings.profile_trials)]
+    for name, value in (("--atol", settings.atol), ("--rtol", settings.rtol), ("--margin", settings.margin)):
+        if value is not None:
+            flags += [name, str(value)]
     return flags
 
 
@@ -120,14 +123,7 @@ class SandboxJudge:
         await self.client.close()
 
     def options(self) -> JudgeOptions:
-        s = self.settings
-        return JudgeOptions(
-            trials=s.trials,
-            profile_trials=s.profile_trials,
-            precision=s.precision,
-            compile_mode=s.compile_mode,
-            timeout_s=s.timeout_s,
-        )
+        return self.settings.options()
 
     async def evaluate(self, candidate: Candidate) -> Judged:
         import aiohttp

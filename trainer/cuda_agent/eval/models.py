@@ -7,6 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cuda_agent.api.episode import EpisodeSettings
+from cuda_agent.sandbox.api import JudgeOptions
+
 Device = Literal["cpu", "cuda"]
 # judged: the judge gave a verdict; task-error: the task itself failed (judge exit 2 / HTTP 422);
 # no-result: the judge produced nothing (crash, timeout, sandbox failure); no-candidate: nothing to judge.
@@ -14,7 +17,8 @@ RowStatus = Literal["judged", "task-error", "no-result", "no-candidate"]
 
 
 class JudgeSettings(BaseModel):
-    """The judge flags every evaluation of a run uses (None: the judge's own default)."""
+    """The judge flags every evaluation of a run uses (None: the judge's own default). With `--run` the
+    precision, tolerances and margin are the TrainingRun's spec.reward (its episode settings' judge)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -23,6 +27,14 @@ class JudgeSettings(BaseModel):
     precision: Literal["strict-fp32", "tf32"] = "strict-fp32"
     compile_mode: Literal["default", "max-autotune", "none"] = "default"
     timeout_s: float = Field(default=1800.0, gt=0, le=3600)
+    atol: float | None = Field(default=None, ge=0)
+    rtol: float | None = Field(default=None, ge=0)
+    # "Faster" as the judge's milestone reward defines it: speedup > 1 + margin (eq. 1 of the paper).
+    margin: float = Field(default=0.05, ge=0, le=1)
+
+    def options(self) -> JudgeOptions:
+        """The same settings as a session's or an evaluate request's judge options."""
+        return JudgeOptions.model_validate(self.model_dump())
 
 
 class EvalConfig(BaseModel):
@@ -38,11 +50,14 @@ class EvalConfig(BaseModel):
     jobs: int = Field(default=2, ge=1, le=1024, description="evaluations in flight")
     sandbox_url: str | None = Field(default=None, description="judge through this sandbox server")
     judge: JudgeSettings = JudgeSettings()
+    episode: EpisodeSettings | None = Field(
+        default=None,
+        description="a TrainingRun's episode settings (--run): policy episodes get its evaluation turn "
+        "limit, context and tools; device and judge settings come from it too",
+    )
     levels: list[str] = Field(default_factory=list, description="only these levels (empty: all)")
     only: list[str] = Field(default_factory=list, description="only these task names (empty: all)")
     fast_p: list[float] = Field(default_factory=lambda: [0.0, 0.5, 0.8, 1.0, 1.5, 2.0])
-    # "Faster" as the judge's milestone reward defines it: speedup > 1 + margin (eq. 1 of the paper).
-    margin: float = Field(default=0.05, ge=0)
     suspicious_speedup: float = Field(default=10.0, gt=1)
     compare_allclose: bool = False
     gpus: int | None = Field(default=None, ge=1, description="GPUs the evaluations shared (per-GPU-hour)")
@@ -52,6 +67,10 @@ class EvalConfig(BaseModel):
         if (self.solutions is None) == (self.policy is None):
             raise ValueError("give exactly one of solutions (--solutions) or policy (--policy)")
         return self
+
+    @property
+    def margin(self) -> float:
+        return self.judge.margin
 
 
 class AllcloseCheck(BaseModel):

@@ -232,23 +232,18 @@ async def run_policy(
     from cuda_agent.agent.records import TrajectoryWriter
     from cuda_agent.eval.policy import PolicyBackends, PolicySpec, episode_row, load_codec
     from cuda_agent.rollout.base import SamplingParams
-    from cuda_agent.sandbox.api import JudgeOptions, TaskRef
+    from cuda_agent.sandbox.api import TaskRef
     from cuda_agent.sandbox.client import SandboxClient
 
     assert cfg.policy is not None and cfg.sandbox_url is not None
     spec = PolicySpec.parse(cfg.policy, **options.get("spec", {}))
-    agent = AgentConfig(
-        max_turns=options.get("max_turns", 200),
-        device=cfg.device,
-        judge=JudgeOptions(
-            trials=cfg.judge.trials,
-            profile_trials=cfg.judge.profile_trials,
-            precision=cfg.judge.precision,
-            compile_mode=cfg.judge.compile_mode,
-            timeout_s=cfg.judge.timeout_s,
-        ),
-        judge_timeout_s=cfg.judge.timeout_s + 300,
-    )
+    # A TrainingRun's evaluation episodes (--run): its maxTurnsEval, context and tools.
+    if cfg.episode is not None:
+        agent = AgentConfig.for_episode(cfg.episode, evaluation=True)
+    else:
+        agent = AgentConfig(max_turns=options.get("max_turns", 200))
+    judging = {"device": cfg.device, "judge": cfg.judge.options()}
+    agent = agent.model_copy(update={**judging, "judge_timeout_s": cfg.judge.timeout_s + 300})
     codec = load_codec(spec, [str(t) for t in agent.tools])
     backends = PolicyBackends(spec, codec, options.get("policy_device", "cpu"))
     sampling = SamplingParams(

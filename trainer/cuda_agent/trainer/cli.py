@@ -135,6 +135,10 @@ def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, st
     spec = run.spec
     module_name, _, func_name = rollout_target.partition(":")
     rollout = getattr(importlib.import_module(module_name), func_name)(run, env)
+    # Which rollout backend runs, and where: in the log and in every status report (status.rollout).
+    description = str(getattr(rollout, "description", None) or rollout_target)[:256]
+    log.info("rollout: %s", description)
+    status = RolloutReported(status, description)
     workers: Workers
     if spec.trainer.use_ray:
         from cuda_agent.trainer.ray.workers import RayWorkers
@@ -174,6 +178,17 @@ def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, st
         _write(status, progress)
         return 1
     return 0
+
+
+class RolloutReported:
+    """A status writer whose every report names the rollout backend (the trainer's driver reports
+    progress; which rollout it drives is known where the rollout is built)."""
+
+    def __init__(self, writer: StatusWriter, rollout: str) -> None:
+        self.writer, self.rollout = writer, rollout
+
+    def write(self, progress: TrainerProgress) -> None:
+        self.writer.write(progress.model_copy(update={"rollout": self.rollout}))
 
 
 def _write(status: StatusWriter, progress: TrainerProgress) -> None:

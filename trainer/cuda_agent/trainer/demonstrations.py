@@ -1,11 +1,13 @@
 """Demonstration trajectories for a TrainingRun's warm-up (RFT, then value pretraining).
 
 A base policy as small as the local demo's rarely earns a positive reward, so RFT on its own rollouts has
-nothing to keep. Demonstrations are reference solutions (examples/solutions/<task>/cpu*) replayed through
-the real agent loop: the policy's turns are recorded tool calls (Write the solution files, then, when the
-run allows more turns, Bash `verify`, then stop), run against a sandbox server configured as the run's
-SandboxPool with the real judge, tokenized with the run's model tokenizer and chat template, with the run's
-tools and limits (read from the run file, so they cannot drift). Each record carries the judge's reward.
+nothing to keep. Demonstrations are reference solutions (examples/solutions/<task>/cpu* or cuda*, for the
+device the episodes judge on) replayed through the real agent loop: the policy's turns are recorded tool
+calls (Write the solution files, then, when the run allows more turns, Bash `verify`, then stop), run
+against a sandbox server configured as the run's SandboxPool on this machine with the real judge, tokenized
+with the run's model tokenizer and chat template, with the run's episode settings (cuda_agent.api.episode:
+tools, limits, device, judge options; read from the run file, so they cannot drift). Each record carries
+the judge's reward.
 
     python -m cuda_agent.trainer.demonstrations -f examples/trainingrun-local.yaml \\
         --tasks relu_mul_add,row_sum -o examples/trajectories/local-demo.jsonl
@@ -38,12 +40,13 @@ from cuda_agent.agent.chat import ChatCodec
 from cuda_agent.agent.config import AgentConfig
 from cuda_agent.agent.loop import AgentLoop
 from cuda_agent.agent.trajectory import Trajectory
+from cuda_agent.api.episode import episode_settings, on_this_machine
 from cuda_agent.api.loader import load_resource_file
 from cuda_agent.api.sandboxpool import SandboxPool
 from cuda_agent.api.trainingrun import TrainingRun
 from cuda_agent.rollout.base import SamplingParams
 from cuda_agent.rollout.replay import ReplayBackend
-from cuda_agent.sandbox.api import TaskRef
+from cuda_agent.sandbox.api import Device, TaskRef
 from cuda_agent.trainer.rollout import run_codec
 
 log = logging.getLogger(__name__)
@@ -67,12 +70,11 @@ def run_documents(path: Path) -> tuple[TrainingRun, SandboxPool | None]:
     return run, (pools[0] if pools else None)
 
 
-def agent_config(run: TrainingRun) -> AgentConfig:
-    """The agent bounds of the run's training episodes, as the trainer's agent rollout builds them."""
-    agent = run.spec.agent
-    return AgentConfig(
-        tools=list(agent.tools), max_turns=agent.max_turns_train, max_context_tokens=agent.max_context_tokens
-    )
+def agent_config(run: TrainingRun, pool: SandboxPool | None) -> AgentConfig:
+    """The config of the run's training episodes on a server of `pool` on this machine, as the trainer's
+    agent rollout builds it from the episode settings the local executor hands it."""
+    placed = on_this_machine(pool.spec) if pool is not None else None
+    return AgentConfig.for_episode(episode_settings(run.spec, placed))
 
 
 def load_codec(run: TrainingRun) -> ChatCodec:
@@ -86,14 +88,15 @@ def run_tasks(run: TrainingRun) -> list[TaskRef]:
     return load_tasks(run.spec.dataset.uri)
 
 
-def solution_files(task: str, solutions: Path = SOLUTIONS) -> dict[str, str]:
-    """Workspace path -> content of the task's CPU reference solution (`cpu/`, else `cpu_ws/`)."""
-    for variant in ("cpu", "cpu_ws"):
+def solution_files(task: str, device: Device = "cpu", solutions: Path = SOLUTIONS) -> dict[str, str]:
+    """Workspace path -> content of the task's reference solution for `device` (`cpu/`, else `cpu_ws/`;
+    `cuda/`, else `cuda_ws/`)."""
+    for variant in (device, f"{device}_ws"):
         root = solutions / task / variant
         if root.is_dir():
             files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
             return {str(p.relative_to(root)): p.read_text() for p in files}
-    raise FileNotFoundError(f"no CPU solution for task {task!r} under {solutions}/{task}/cpu*")
+    raise FileNotFoundError(f"no {device} solution for task {task!r} under {solutions}/{task}/{device}*")
 
 
 def tool_call(name: str, arguments: dict[str, Any]) -> str:
@@ -116,17 +119,19 @@ def demonstration_replies(files: Mapping[str, str], max_turns: int) -> list[str]
 @contextmanager
 def sandbox_server(pool: SandboxPool | None, parent: Path | None = None) -> Iterator[str]:
     """`cuda-agent sandbox serve` with the config the run's pool gives its servers (as the operator's local
-    executor places it on this machine: loopback, the installed real judge, no GPU); yields its URL.
-    Its state goes below `parent` (default: the temp dir; a root-mode server cannot keep it below /tmp)."""
+    executor places it on this machine: loopback, the installed real judge, the pool's GPUs this machine
+    has; without a pool, every GPU it has); yields its URL. Its state goes below `parent` (default: the
+    temp dir; a root-mode server cannot keep it below /tmp)."""
     from cuda_agent.operator.pool_children import server_config
 
-    settings: dict[str, Any] = server_config(pool.spec) if pool is not None else {}
+    settings: dict[str, Any] = server_config(on_this_machine(pool.spec)) if pool is not None else {}
     settings.pop("judge_dir", None)
+    settings.pop("judge_seed_dir", None)  # the image's seed; this machine has none
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="cuda-agent-demos-", dir=parent))
     os.chmod(root, 0o711)  # the sessions' uids must reach their workspaces below it
-    settings |= {"host": "127.0.0.1", "port": 0, "state_dir": str(root / "state"), "gpus": None}
+    settings |= {"host": "127.0.0.1", "port": 0, "state_dir": str(root / "state"), "metrics_port": None}
     settings["uid_base"] = 150_000 + secrets.randbelow(64) * 2 * (int(settings.get("max_sessions", 8)) + 1)
     config = root / "sandbox.yaml"
     config.write_text(yaml.safe_dump(settings, sort_keys=False))
@@ -208,7 +213,7 @@ def generate(
     run_file: Path, task_names: list[str] | None, output: Path, attempts: int = 3
 ) -> list[Trajectory]:
     run, pool = run_documents(run_file)
-    config = agent_config(run)
+    config = agent_config(run, pool)
     with tempfile.TemporaryDirectory(prefix="cuda-agent-pvc-") as pvc:
         from cuda_agent.demo import (
             prepare_pvc_root,
@@ -223,7 +228,7 @@ def generate(
         raise ValueError(f"tasks {unknown} are not in the run's dataset {run.spec.dataset.uri}")
     kept: list[Trajectory] = []
     for name in chosen:
-        replies = demonstration_replies(solution_files(name), config.max_turns)
+        replies = demonstration_replies(solution_files(name, config.device), config.max_turns)
         trajectory = judged_episode(pool, codec, config, tasks[name], replies, attempts)
         found = problems(trajectory, run.spec.warmup.rft.min_reward)
         print(

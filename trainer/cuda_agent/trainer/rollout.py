@@ -2,25 +2,34 @@
 
 The trainer needs one async call, `generate(request) -> list[Trajectory]`, and a weight hook,
 `update_weights(bucket)`. `AgentRollout` runs the agent loop (cuda_agent.agent) with the transformers
-backend on a copy of the policy and the run's sandbox server; tests inject scripted rollouts with the same
-two methods, and a cluster deployment swaps in vLLM engines behind the same interface.
+backend on a copy of the policy (on the GPU when the trainer process has one) and the run's sandbox server;
+tests inject scripted rollouts with the same two methods, and a cluster deployment swaps in vLLM engines
+behind the same interface. A rollout may say what it is in `description` (logged, and reported in the
+run's status.rollout).
+
+Every session gets the run's episode settings (cuda_agent.api.episode) as the operator handed them over
+(`TrainerEnv.episode`): the device the pool judges on and the judge options of spec.reward.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cuda_agent.agent.trajectory import Trajectory
-from cuda_agent.api.run_contract import TrainerEnv
+from cuda_agent.api.episode import EpisodeSettings, episode_settings
+from cuda_agent.api.run_contract import ENV_EPISODE, TrainerEnv
 from cuda_agent.api.trainingrun import TrainingRun, TrainingRunSpec
 from cuda_agent.sandbox.api import TaskRef
 from cuda_agent.trainer.weight_sync import NamedTensors, load_bucket
 
 if TYPE_CHECKING:
     from cuda_agent.agent.chat import ChatCodec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,11 +66,25 @@ def run_codec(spec: TrainingRunSpec) -> ChatCodec:
     return ChatCodec(tokenizer, openai_tools(spec.agent.tools))
 
 
+def run_episode(run: TrainingRun, env: TrainerEnv) -> EpisodeSettings:
+    """The run's episode settings as the operator handed them over; a trainer started by hand without them
+    gets the run's own with CPU sessions (any server takes those), and a warning says so."""
+    if env.episode is not None:
+        return env.episode
+    log.warning(
+        "%s is not set (no operator started this trainer): sessions ask for CPU judging; set it to the "
+        "JSON of cuda_agent.api.episode.episode_settings(spec, pool) for the pool's device",
+        ENV_EPISODE,
+    )
+    return episode_settings(run.spec, None)
+
+
 class AgentRollout:
-    """The agent loop on the transformers backend (one in-process copy of the policy) and the sandbox
-    server named by CUDA_AGENT_SANDBOX_URL."""
+    """The agent loop on the transformers backend (one in-process copy of the policy, on the GPU when this
+    process has one, in the trainer's dtype) and the sandbox server named by CUDA_AGENT_SANDBOX_URL."""
 
     def __init__(self, run: TrainingRun, env: TrainerEnv) -> None:
+        import torch
         from transformers import AutoModelForCausalLM
 
         from cuda_agent.trainer.models import load_pretrained
@@ -69,11 +92,20 @@ class AgentRollout:
         if not env.sandbox_url:
             raise ValueError("the agent loop needs a sandbox server: set CUDA_AGENT_SANDBOX_URL")
         spec = run.spec
+        self.episode = run_episode(run, env)
         self.codec = run_codec(spec)
-        self.model = load_pretrained(AutoModelForCausalLM, spec.model, spec.model.base, spec.trainer)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        model: Any = load_pretrained(AutoModelForCausalLM, spec.model, spec.model.base, spec.trainer)
+        self.model = model.to(self.device)
         self.model.train(False)
         self.sandbox_url = env.sandbox_url
-        self.tools = list(spec.agent.tools)
+        self.description = f"transformers in process on {self.device} ({spec.trainer.precision})"
+        log.info(
+            "rollout: %s; sessions judge on %s with %s",
+            self.description,
+            self.episode.device,
+            self.episode.judge.model_dump_json(exclude_none=True),
+        )
 
     async def generate(self, request: RolloutRequest) -> list[Trajectory]:
         from cuda_agent.agent.config import AgentConfig
@@ -82,8 +114,8 @@ class AgentRollout:
         from cuda_agent.rollout.hf import TransformersBackend
         from cuda_agent.sandbox.client import SandboxClient
 
-        config = AgentConfig(
-            tools=self.tools, max_turns=request.max_turns, max_context_tokens=request.max_context_tokens
+        config = AgentConfig.for_episode(
+            self.episode, max_turns=request.max_turns, max_context_tokens=request.max_context_tokens
         )
         backend = TransformersBackend(self.model, self.codec.stop_token_ids)
         try:

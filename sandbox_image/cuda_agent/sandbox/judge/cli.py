@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--atol", type=float, default=1e-2)
     p.add_argument("--rtol", type=float, default=1e-2)
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.05,
+        help="reward tiers: 'faster' means speedup > 1 + margin (default 0.05)",
+    )
     p.add_argument("--profile-trials", type=int, default=100, help="interleaved timed trials (default 100)")
     p.add_argument(
         "--seed-file",
@@ -245,6 +251,7 @@ def main(argv: Sequence[str]) -> int:
             timeouts=timeouts,
             profile=ProfileSettings(trials=args.profile_trials),
             seed_file=args.seed_file,
+            margin=args.margin,
             **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
         )
     except ValidationError as exc:

@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
-import glob
 import json
 import logging
 import os
 import pwd
-import re
 import signal
 import stat
 import sys
@@ -29,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from cuda_agent.sandbox.api import machine_gpus
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 from cuda_agent.sandbox.server.isolation import (
     Isolation,
@@ -92,9 +91,7 @@ def load_config(args: argparse.Namespace) -> SandboxServerConfig:
 
 
 def count_gpus(configured: int | None) -> int:
-    if configured is not None:
-        return configured
-    return len([p for p in glob.glob("/dev/nvidia*") if re.fullmatch(r"/dev/nvidia\d+", p)])
+    return configured if configured is not None else machine_gpus()
 
 
 def check_environment(config: SandboxServerConfig, mode: str) -> int | None:
