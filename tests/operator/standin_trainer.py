@@ -7,12 +7,15 @@ TrainingRun's status through the API models. It trains nothing.
 Behaviour by run name (the operator starts every run with the same command): `crash-*` exits 3 at once;
 `finish-*` reports three steps and exits 0; anything else reports three steps and then waits, watching
 `spec.suspend` as the trainer does: on suspension it reports a checkpoint and exits 0.
-It writes its pid to `standin.pid` next to run.yaml so the test can see the process end.
+It writes its pid to `standin.pid` next to run.yaml so the test can see the process end; it opens and
+closes one session on the run's sandbox server with the episode settings it was handed (the real trainer's
+rollout asks for the same) and writes them, with the device the server gave the session, to `episode.json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -25,6 +28,23 @@ from kubernetes import client, config
 
 from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRunStatus
+from cuda_agent.sandbox.client import SyncSandboxClient
+
+TASK = """import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(8)]
+
+
+def get_init_inputs():
+    return []
+"""
 
 
 def run_path(env: TrainerEnv) -> tuple[str, str, str, str, str]:
@@ -46,6 +66,15 @@ def main() -> int:
     assert env.sandbox_url is not None
     with urllib.request.urlopen(f"{env.sandbox_url}/v1/status", timeout=10) as answer:
         assert answer.status == 200, "the local sandbox server does not answer"
+    # A session with the episode settings the operator handed over, as the real trainer's rollout opens
+    # them: the local server must accept the device they name (what it judges on).
+    assert env.episode is not None, "the operator handed over no episode settings"
+    sandbox = SyncSandboxClient(env.sandbox_url, timeout_s=60)
+    session = sandbox.create_session(TASK, device=env.episode.device, judge=env.episode.judge)
+    sandbox.delete_session(session.session_id)
+    (args.run_file.parent / "episode.json").write_text(
+        json.dumps({"episode": env.episode.model_dump(mode="json"), "session_device": session.device})
+    )
     config.load_kube_config()  # type: ignore[no-untyped-call]
     api = client.CustomObjectsApi()
     for step in (1, 2, 3):

@@ -19,6 +19,8 @@ from typing import Any
 from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
 from test_run_cluster import artifacts_secret
 
+from cuda_agent.sandbox.api import machine_gpus
+
 STANDIN = Path(__file__).with_name("standin_trainer.py")
 
 
@@ -34,6 +36,11 @@ def local_run(name: str) -> dict[str, Any]:
             "algorithm": {"steps": 3},
             "checkpoint": {"everySteps": 1, "prefix": "s3://checkpoints/local"},
             "resources": {"trainerGpus": 1, "rolloutGpus": 0},
+            "reward": {
+                "precision": "tf32",
+                "tolerance": {"atol": 0.003, "rtol": 0.004},
+                "speedupMargin": 0.2,
+            },
         },
     }
 
@@ -85,6 +92,13 @@ def test_local_run_reports_progress_suspends_resumes_and_stops_on_deletion(
     assert "stand-in trainer: step 3" in (run_dir / "trainer.log").read_text()
     configmap = namespace.get("configmap", "learn-config")
     assert (run_dir / "run.yaml").read_text() == configmap["data"]["run.yaml"]
+    # The episode settings the trainer got: the run's spec.reward, and the device of what the pool's
+    # server judges on here (the pool asks for one GPU; this machine's server has what the machine has).
+    handed = json.loads((run_dir / "episode.json").read_text())
+    device = "cuda" if machine_gpus() else "cpu"
+    assert (handed["episode"]["device"], handed["session_device"]) == (device, device)
+    judge = handed["episode"]["judge"]
+    assert (judge["precision"], judge["atol"], judge["rtol"], judge["margin"]) == ("tf32", 0.003, 0.004, 0.2)
     pid, sandbox_pid = trainer_pid(run_dir), serving_pid(run_dir)
     assert alive(pid) and alive(sandbox_pid)
     assert namespace.items("pods", "-l", "cuda-agent.io/training-run=learn") == []  # no pods in this mode

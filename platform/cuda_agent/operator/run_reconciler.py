@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
 from cuda_agent.api.trainingrun import TrainingRunPhase as RunPhase
 from cuda_agent.api.trainingrun import TrainingRunSpec, TrainingRunStatus
@@ -461,7 +462,20 @@ def _run_context(context: OperatorContext, body: Manifest, spec: TrainingRunSpec
         otel_endpoint=context.config.otel_endpoint,
         resume_from=(body.get("status") or {}).get("lastCheckpoint"),
         pod_annotations=context.config.trainer_pod_annotations,
+        pool=_observed_pool(context, meta["namespace"], spec),
     )
+
+
+def _observed_pool(context: OperatorContext, namespace: str, spec: TrainingRunSpec) -> SandboxPoolSpec | None:
+    """The run's SandboxPool spec as the watch shows it (None while absent or invalid: its own
+    reconciler reports that); the episodes' device comes from it."""
+    body = context.owner((lb.POOL_KIND, namespace, spec.sandbox_pool_ref.name))
+    if body is None:
+        return None
+    try:
+        return SandboxPoolSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return None
 
 
 def _ended(status: Manifest) -> Condition | None:
