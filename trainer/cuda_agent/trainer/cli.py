@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -30,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rollout",
         default="cuda_agent.trainer.rollout:agent_rollout",
-        help="MODULE:FUNCTION returning the rollout for (run, env); default: the agent loop",
+        help="MODULE:FUNCTION returning the rollout for (run, env) or (run, env, workers); default: the "
+        "agent loop, over vLLM engines on Ray on a GPU cluster",
     )
     return parser
 
@@ -133,12 +135,6 @@ def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, st
     from cuda_agent.trainer.driver import Stopped, Trainer, Workers
 
     spec = run.spec
-    module_name, _, func_name = rollout_target.partition(":")
-    rollout = getattr(importlib.import_module(module_name), func_name)(run, env)
-    # Which rollout backend runs, and where: in the log and in every status report (status.rollout).
-    description = str(getattr(rollout, "description", None) or rollout_target)[:256]
-    log.info("rollout: %s", description)
-    status = RolloutReported(status, description)
     workers: Workers
     if spec.trainer.use_ray:
         from cuda_agent.trainer.ray.workers import RayWorkers
@@ -148,6 +144,15 @@ def train(run: TrainingRun, env: TrainerEnv, path: Path, rollout_target: str, st
         from cuda_agent.trainer.workers import LocalWorkers
 
         workers = LocalWorkers.build(spec)
+    # After the roles: a factory that takes the workers too places its engines by their placement groups.
+    module_name, _, func_name = rollout_target.partition(":")
+    factory = getattr(importlib.import_module(module_name), func_name)
+    takes_workers = len(inspect.signature(factory).parameters) >= 3
+    rollout = factory(run, env, workers) if takes_workers else factory(run, env)
+    # Which rollout backend runs, and where: in the log and in every status report (status.rollout).
+    description = str(getattr(rollout, "description", None) or rollout_target)[:256]
+    log.info("rollout: %s", description)
+    status = RolloutReported(status, description)
     trainer = Trainer(
         run=run,
         rollout=rollout,

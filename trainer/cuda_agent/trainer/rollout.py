@@ -135,8 +135,16 @@ class AgentRollout:
         load_bucket(self.model, bucket)
 
 
-def agent_rollout(run: TrainingRun, env: TrainerEnv) -> Rollout:
-    """The default rollout factory of `cuda-agent train` (`--rollout MODULE:FUNCTION` names another)."""
+def agent_rollout(run: TrainingRun, env: TrainerEnv, workers: Any = None) -> Rollout:
+    """The default rollout factory of `cuda-agent train` (`--rollout MODULE:FUNCTION` names another): vLLM
+    engines on Ray when the roles run on a Ray cluster with GPUs and vLLM is installed
+    (cuda_agent.trainer.engine_rollout), else the agent loop in this process; the log says why."""
+    from cuda_agent.trainer.engine_rollout import EngineRollout, engines_unavailable
+
+    reason = engines_unavailable(workers)
+    if reason is None:
+        return EngineRollout(run, env, workers)
+    log.info("rollout: the agent loop in this process, not vLLM engines on Ray: %s", reason)
     return AgentRollout(run, env)
 
 
