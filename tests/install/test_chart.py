@@ -63,6 +63,7 @@ def test_lint_is_clean(helm: Helm, values: tuple[str, ...]) -> None:
         (("--set", "artifacts.external.endpoint=https://s3.example.com/b"), "/artifacts/external/endpoint"),
         (("--set", "artifacts.external.endpoint=s3.example.com"), "/artifacts/external/accessKey"),
         (("--set", "operator.watch.namespaces={team-a}"), "/operator/watch/namespaces"),
+        (("--set", "operator.allowedTrainerImages={Bad Image}"), "/operator/allowedTrainerImages/0"),
         (
             ("--set", "sandboxPools[0].name=Bad_Name", "--set", "sandboxPools[0].spec={}"),
             "/sandboxPools/0/name",
@@ -293,15 +294,19 @@ def test_namespaced_watch_gets_roles_only_where_it_watches(helm: Helm) -> None:
 
 
 def test_artifacts_secret_parses_with_the_operators_storage_config(helm: Helm) -> None:
-    minio = helm.template("--set", "minio.enabled=true", "--set", "artifacts.namespaces={team-a}")
+    minio = helm.template(
+        "--set", "minio.enabled=true", "--set", "artifacts.namespaces={team-a}",
+        "--set", "artifacts.tenantCredentials=false",
+    )  # fmt: skip
     secrets = [o for o in minio if o["kind"] == "Secret" and o["metadata"]["name"] == "cuda-agent-artifacts"]
     assert sorted(s["metadata"]["namespace"] for s in secrets) == ["cuda-agent", "team-a"]
     config = StorageConfig.from_secret(secrets[0])
     assert config.endpoint_url == "http://rel-cuda-agent-minio.cuda-agent.svc:9000"
     root = find(minio, "Secret", "-minio")["stringData"]
-    assert config.access_key == root["MINIO_ROOT_USER"]
+    assert config.access_key == root["MINIO_ROOT_USER"]  # one tenant: the root keys everywhere
     assert config.secret_key is not None
     assert config.secret_key.get_secret_value() == root["MINIO_ROOT_PASSWORD"]
+    assert not [o for o in minio if o["kind"] == "Job"]
 
     external = helm.template(
         "--set", "artifacts.external.endpoint=https://s3.us-east-1.amazonaws.com",
@@ -316,6 +321,73 @@ def test_artifacts_secret_parses_with_the_operators_storage_config(helm: Helm) -
     )
     # Nothing to put in it: no Secret (NOTES.txt says how to create one).
     assert not any(o["kind"] == "Secret" for o in helm.template())
+
+
+def test_each_namespace_gets_minio_keys_of_its_own_scoped_by_the_tenants_job(helm: Helm) -> None:
+    """The default with the bundled MinIO: no namespace's Secret holds the root keys; each holds a user
+    of its own, which the Job (the operator image's storage_tenants, checked against a real MinIO in
+    tests/operator/test_storage_tenants.py) creates with a policy for s3://<bucket>/<namespace>/ only."""
+    objects = helm.template(
+        "--set", "minio.enabled=true", "--set", "artifacts.namespaces={team-a,team-b}",
+        "--set", "artifacts.bucket=team-artifacts",
+    )  # fmt: skip
+    root = find(objects, "Secret", "-minio")["stringData"]
+    tenants = json.loads(find(objects, "Secret", "-minio-tenants")["stringData"]["tenants.json"])
+    assert set(tenants) == {"cuda-agent", "team-a", "team-b"}
+    secrets = {
+        o["metadata"]["namespace"]: StorageConfig.from_secret(o)
+        for o in objects
+        if o["kind"] == "Secret" and o["metadata"]["name"] == "cuda-agent-artifacts"
+    }
+    assert set(secrets) == set(tenants)
+    for namespace, config in secrets.items():
+        assert config.endpoint_url == "http://rel-cuda-agent-minio.cuda-agent.svc:9000"
+        assert config.access_key == tenants[namespace]["accessKey"] == f"cuda-agent-{namespace}"
+        assert config.secret_key is not None
+        secret = config.secret_key.get_secret_value()
+        assert secret == tenants[namespace]["secretKey"] and len(secret) == 40
+        assert secret != root["MINIO_ROOT_PASSWORD"] and config.access_key != root["MINIO_ROOT_USER"]
+    assert len({tenant["secretKey"] for tenant in tenants.values()}) == 3
+
+    from cuda_agent.operator.storage_tenants import read_tenants
+
+    job = find(objects, "Job", "")
+    assert job["metadata"]["name"].startswith("rel-cuda-agent-minio-tenants-")
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == ["python", "-m", "cuda_agent.operator.storage_tenants"]
+    assert container["args"] == [
+        "--endpoint=http://rel-cuda-agent-minio.cuda-agent.svc:9000",
+        "--bucket=team-artifacts",
+        "--tenants=/etc/cuda-agent/tenants/tenants.json",
+    ]
+    assert container["envFrom"] == [{"secretRef": {"name": "rel-cuda-agent-minio"}}]  # the root keys
+    assert (
+        container["image"]
+        == find(objects, "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "tenants")
+    volume = next(v for v in pod["volumes"] if v["name"] == "tenants")
+    assert mount["mountPath"] == "/etc/cuda-agent/tenants" and mount["readOnly"] is True
+    assert volume["secret"]["secretName"] == "rel-cuda-agent-minio-tenants"
+    assert pod["automountServiceAccountToken"] is False and pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tenants-{os.getpid()}.json"
+    path.write_text(json.dumps(tenants))
+    try:
+        assert set(read_tenants(path)) == set(tenants)  # what the Job will read parses
+    finally:
+        path.unlink()
+    # Another list of namespaces: another Job (a Job's pod template cannot change).
+    other = helm.template("--set", "minio.enabled=true", "--set", "artifacts.namespaces={team-c}")
+    assert find(other, "Job", "")["metadata"]["name"] != job["metadata"]["name"]
+
+
+def test_a_run_may_pick_only_the_trainer_images_the_admin_allows(helm: Helm) -> None:
+    assert parse_args(operator_container(helm.template())["args"]).allowed_trainer_images == ()
+    allowed = "registry.example/team/trainer:2"
+    objects = helm.template("--set", f"operator.allowedTrainerImages={{{allowed}}}")
+    assert parse_args(operator_container(objects)["args"]).allowed_trainer_images == (allowed,)
 
 
 def test_sandbox_pools_from_values_are_valid_specs(helm: Helm) -> None:

@@ -132,7 +132,9 @@ def test_install_upgrade_uninstall(kube_cluster: KubeCluster, helm: Helm, namesp
         "the operator pod",
     )
     minio_password = get("secret", f"{release}-cuda-agent-minio")["data"]["MINIO_ROOT_PASSWORD"]
-    assert get("secret", "cuda-agent-artifacts")["data"]["AWS_SECRET_ACCESS_KEY"] == minio_password
+    # The release namespace's artifacts Secret holds its own MinIO user, not the root keys.
+    tenant_key = get("secret", "cuda-agent-artifacts")["data"]["AWS_SECRET_ACCESS_KEY"]
+    assert tenant_key != minio_password
     cluster_roles = {f"{release}-cuda-agent-operator", f"{release}-cuda-agent-operator-cluster"}
     for role in cluster_roles:
         kube_cluster.kubectl("get", "clusterrole", role)
@@ -140,9 +142,9 @@ def test_install_upgrade_uninstall(kube_cluster: KubeCluster, helm: Helm, namesp
     local("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set", "operator.workers=8")
     operator = get("deployment", f"{release}-cuda-agent-operator")
     assert "--workers=8" in operator["spec"]["template"]["spec"]["containers"][0]["args"]
-    # MinIO's credentials survive the upgrade (its data is tied to them), in both Secrets.
+    # MinIO's credentials survive the upgrade (its data is tied to them), and so do the namespace's own.
     assert get("secret", f"{release}-cuda-agent-minio")["data"]["MINIO_ROOT_PASSWORD"] == minio_password
-    assert get("secret", "cuda-agent-artifacts")["data"]["AWS_SECRET_ACCESS_KEY"] == minio_password
+    assert get("secret", "cuda-agent-artifacts")["data"]["AWS_SECRET_ACCESS_KEY"] == tenant_key
     history = json.loads(local("history", release, "-n", namespace, "-o", "json").stdout)
     assert [entry["revision"] for entry in history] == [1, 2]
 

@@ -7,9 +7,10 @@ TrainingRun's status through the API models. It trains nothing.
 Behaviour by run name (the operator starts every run with the same command): `crash-*` exits 3 at once;
 `finish-*` reports three steps and exits 0; anything else reports three steps and then waits, watching
 `spec.suspend` as the trainer does: on suspension it reports a checkpoint and exits 0.
-It writes its pid to `standin.pid` next to run.yaml so the test can see the process end; it opens and
-closes one session on the run's sandbox server with the episode settings it was handed (the real trainer's
-rollout asks for the same) and writes them, with the device the server gave the session, to `episode.json`.
+It writes its pid to `standin.pid` and its environment to `standin.env.json` next to run.yaml so the
+test can see the process end and what it was given; it opens and closes one session on the run's sandbox
+server with the episode settings it was handed (the real trainer's rollout asks for the same) and writes
+them, with the device the server gave the session, to `episode.json`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main() -> int:
     env = TrainerEnv.from_environ(os.environ)
     run = yaml.safe_load(args.run_file.read_text())
     (args.run_file.parent / "standin.pid").write_text(str(os.getpid()))
+    (args.run_file.parent / "standin.env.json").write_text(json.dumps(dict(os.environ)))
     assert run["metadata"]["name"] == env.run_name and env.status_mode == "kubernetes"
     assert os.environ.get("AWS_ACCESS_KEY_ID"), "the artifacts Secret is not in the environment"
     if env.run_name.startswith("crash-"):

@@ -19,12 +19,21 @@ def node(name: str, gpus: int, ready: bool = True, **spec: Any) -> dict[str, Any
     }
 
 
-def pod(gpus: int, node_name: str | None = None, run: str | None = None) -> dict[str, Any]:
-    labels = {"cuda-agent.io/training-run": run} if run else {}
+def pod(
+    gpus: int, node_name: str | None = None, run: str | None = None, name: str = "p", namespace: str = "team"
+) -> dict[str, Any]:
+    """A pod; `run` labels it as a run's and makes that run (uid `<run>-uid`) its controller."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if run:
+        meta["labels"] = {"cuda-agent.io/training-run": run}
+        meta["ownerReferences"] = [
+            {"apiVersion": "cuda-agent.io/v1alpha1", "kind": "TrainingRun", "name": run, "uid": f"{run}-uid",
+             "controller": True}
+        ]  # fmt: skip
     spec: dict[str, Any] = {"containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]}
     if node_name:
         spec["nodeName"] = node_name
-    return {"metadata": {"labels": labels}, "spec": spec}
+    return {"metadata": meta, "spec": spec}
 
 
 def test_free_gpus_are_allocatable_minus_bound_requests_on_schedulable_nodes() -> None:
@@ -36,11 +45,19 @@ def test_free_gpus_are_allocatable_minus_bound_requests_on_schedulable_nodes() -
         node("tainted", 8, taints=[{"key": "maintenance", "effect": "NoSchedule"}]),
         node("gpu-taint", 8, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]),
     ]
-    pods = [pod(3, "a"), pod(8, "b"), pod(8, run="other"), pod(8), pod(0, "a")]
-    found = capacity(nodes, pods)
+    pods = [
+        pod(3, "a"), pod(8, "b"), pod(8, run="other", name="other-ray-worker-0"), pod(8), pod(0, "a"),
+        pod(9, run="other", name="other-ray-worker-1"),  # asks for more than its place in the gang: 4
+        pod(9, run="other", name="other-extra"),  # not a pod the operator creates for that run
+        pod(9, run="queued", name="queued-ray-worker-0"),  # a run the operator has not admitted
+        pod(9, run="other", name="other-ray-worker-0", namespace="elsewhere"),  # a run of another namespace
+    ]  # fmt: skip
+    gangs = {("team", "other-uid"): {"other-ray-worker-0": 8, "other-ray-worker-1": 4}}
+    found = capacity(nodes, pods, gangs)
     assert dict(found.free) == {"a": 5, "b": 0, "gpu-taint": 8}
-    # Another run's unbound pods are promised; a stranger's unschedulable pod is not counted.
-    assert list(found.promised) == [8] and found.total == 24
+    # The unbound pods of runs the operator admitted are promised, as much as their place in the gang;
+    # a stranger's unschedulable pod is not counted, whatever its labels or owner references say.
+    assert sorted(found.promised) == [4, 8] and found.total == 24
 
 
 def test_the_whole_gang_must_fit_at_once() -> None:
@@ -58,6 +75,10 @@ def test_queued_and_too_large_runs_say_why_and_what_to_do() -> None:
     too_large = gang_condition([8] * 20, Capacity({f"n{i}": 8 for i in range(16)}, (), 128))
     assert too_large.reason == "GangTooLarge" and "spec.resources" in too_large.message
     assert gang_condition([8], Capacity({"a": 8}, (), 8)).status is True
+    # 16 of 32 GPUs are free, but on no node 8 of them: the message says what does not fit, per node.
+    split = gang_condition([8, 8], Capacity({"a": 4, "b": 4, "c": 4, "d": 4}, (), 32))
+    assert split.reason == "InsufficientGPU"
+    assert "0 of the 2 pods fit now" in split.message and "largest first: 4, 4, 4, 4" in split.message
 
 
 def test_events_follow_transitions_only() -> None:

@@ -34,7 +34,7 @@ def local_run(name: str) -> dict[str, Any]:
             "dataset": {"uri": "/data/tasks"},
             "sandboxPoolRef": {"name": "pool"},
             "algorithm": {"steps": 3},
-            "checkpoint": {"everySteps": 1, "prefix": "s3://checkpoints/local"},
+            "checkpoint": {"everySteps": 1},
             "resources": {"trainerGpus": 1, "rolloutGpus": 0},
             "reward": {
                 "precision": "tf32",
@@ -108,9 +108,12 @@ def test_local_run_reports_progress_suspends_resumes_and_stops_on_deletion(
     namespace.kubectl("patch", "trainingrun", "learn", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     wait_for(lambda: status(namespace, "learn").get("phase") == "Suspended", "phase Suspended")
     wait_for(lambda: not alive(pid) and not alive(sandbox_pid), "both processes to stop on suspension")
-    assert status(namespace, "learn")["lastCheckpoint"] == "s3://checkpoints/local/step-3"
+    # Under the prefix the operator derived inside the namespace's storage (bucket/namespace/run/uid).
+    uid = namespace.get("trainingrun", "learn")["metadata"]["uid"]
+    checkpoint = f"s3://cuda-agent/{namespace.name}/learn/{uid}/checkpoints/step-3"
+    assert status(namespace, "learn")["lastCheckpoint"] == checkpoint
     suspended = namespace.condition("trainingrun/learn", "Suspended")
-    assert suspended is not None and "resumes from s3://checkpoints/local/step-3" in suspended["message"]
+    assert suspended is not None and f"resumes from {checkpoint}" in suspended["message"]
     namespace.kubectl("patch", "trainingrun", "learn", "--type=merge", "-p", '{"spec":{"suspend":false}}')
     wait_for(lambda: trainer_pid(run_dir) != pid, "a new trainer after resuming")
     wait_for(lambda: status(namespace, "learn").get("phase") == "Running", "phase Running again")
@@ -139,3 +142,56 @@ def test_crashing_trainer_fails_the_run_with_its_exit_reason_and_a_finished_one_
     assert "crashing on purpose" in failed["message"]
     wait_for(lambda: status(namespace, "finish-run").get("phase") == "Succeeded", "the finished run")
     assert status(namespace, "finish-run")["step"] == 3
+
+
+def test_only_storage_settings_of_the_artifacts_secret_reach_the_local_trainer(
+    namespace: Namespace, operator_factory: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    """The Secret is the run author's; the trainer runs as the operator's user, on the machine that holds
+    the control plane's credentials: keys such as PYTHONWARNINGS or BROWSER (which together ran a shell
+    command at every trainer start) must not become its environment. Storage settings pass, by name."""
+    namespace.apply(pool_manifest("pool", 1))
+    secret = artifacts_secret()
+    secret["stringData"] |= {
+        "AWS_REGION": "eu-west-1",
+        "PYTHONWARNINGS": "ignore::antigravity.x",
+        "BROWSER": f"touch {tmp_path / 'pwned'}",
+        "LD_PRELOAD": "/nonexistent/preload.so",
+        "CUDA_AGENT_PVC_ROOT": "/",  # the operator's own setting (--pvc-root), never the Secret's
+    }
+    namespace.apply(secret)
+    start_local_operator(operator_factory, tmp_path / "runs")
+    namespace.apply(local_run("learn"))
+    wait_for(lambda: status(namespace, "learn").get("step") == 3, "step 3 written by the trainer")
+    env = json.loads((tmp_path / "runs" / namespace.name / "learn" / "standin.env.json").read_text())
+    assert env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000" and env["AWS_ACCESS_KEY_ID"] == "a"
+    assert env["AWS_REGION"] == "eu-west-1"
+    for name in ("PYTHONWARNINGS", "BROWSER", "LD_PRELOAD", "CUDA_AGENT_PVC_ROOT"):
+        assert name not in env, name
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_suspend_while_the_pool_is_gone_still_checkpoints_and_stops_the_processes(
+    namespace: Namespace, operator_factory: Callable[..., OperatorProcess], tmp_path: Path
+) -> None:
+    namespace.apply(pool_manifest("pool", 1))
+    namespace.apply(artifacts_secret())
+    start_local_operator(operator_factory, tmp_path / "runs")
+    namespace.apply(local_run("learn"))
+    wait_for(lambda: status(namespace, "learn").get("phase") == "Running", "phase Running")
+    run_dir = tmp_path / "runs" / namespace.name / "learn"
+    pid, sandbox_pid = trainer_pid(run_dir), serving_pid(run_dir)
+
+    namespace.kubectl("delete", "sandboxpool", "pool")
+    wait_for(
+        lambda: (
+            (namespace.condition("trainingrun/learn", "Provisioning") or {}).get("reason")
+            == "SandboxPoolNotFound"
+        ),
+        "the missing pool to be reported",
+    )
+    assert status(namespace, "learn")["phase"] == "Running"  # what runs, not Pending
+    namespace.kubectl("patch", "trainingrun", "learn", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for(lambda: status(namespace, "learn").get("phase") == "Suspended", "phase Suspended", timeout=60)
+    assert status(namespace, "learn")["lastCheckpoint"].endswith("/step-3")  # the trainer's checkpoint
+    wait_for(lambda: not alive(pid) and not alive(sandbox_pid), "both processes to stop on suspension")

@@ -52,7 +52,13 @@ def test_trainer_role_reads_and_writes_status_of_this_run_only() -> None:
 
 
 def test_driver_gets_pool_address_storage_otel_and_resume_point() -> None:
-    resumed = RunContext(**{**RUN.__dict__, "resume_from": "s3://bucket/team/run/checkpoints/step-40"})
+    resumed = RunContext(
+        **{
+            **RUN.__dict__,
+            "resume_from": "s3://bucket/team/run/checkpoints/step-40",
+            "artifacts_keys": ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+        }
+    )
     pod = driver_pod(resumed, spec(), kuberay=False)
     container = pod["spec"]["containers"][0]
     env = {item["name"]: item.get("value") for item in container["env"]}
@@ -61,7 +67,15 @@ def test_driver_gets_pool_address_storage_otel_and_resume_point() -> None:
     assert env["CUDA_AGENT_RESUME_FROM"] == "s3://bucket/team/run/checkpoints/step-40"
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel:4318"
     assert env["RAY_ADDRESS"] == "ray://run-ray-head.team.svc:10001"
-    assert container["envFrom"] == [{"secretRef": {"name": "artifacts"}}]
+    # The artifacts Secret's storage keys, each by name: no other key of it reaches the trainer.
+    assert "envFrom" not in container
+    secret_refs = {
+        item["name"]: item["valueFrom"]["secretKeyRef"] for item in container["env"] if "valueFrom" in item
+    }
+    assert secret_refs == {
+        key: {"name": "artifacts", "key": key}
+        for key in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    }
     assert pod["spec"]["serviceAccountName"] == "run-trainer"
     assert pod["spec"]["automountServiceAccountToken"] is True and pod["spec"]["restartPolicy"] == "OnFailure"
     assert pod["metadata"]["labels"][lb.SANDBOX_CLIENT_LABEL] == "pool"

@@ -21,7 +21,11 @@ RUN = "run"
 TRAINER = f"system:serviceaccount:{{ns}}:{RUN}-trainer"
 
 
-def run_manifest(name: str = RUN, suspend: bool = False, pool: str = "pool") -> dict[str, Any]:
+def run_manifest(
+    name: str = RUN, suspend: bool = False, pool: str = "pool", prefix: str | None = None
+) -> dict[str, Any]:
+    """A run of one 8-GPU Ray worker; `prefix` is its spec.checkpoint.prefix (the operator derives one
+    under the namespace's storage when absent; a prefix the spec names must lie there too)."""
     return {
         "apiVersion": "cuda-agent.io/v1alpha1",
         "kind": "TrainingRun",
@@ -31,7 +35,7 @@ def run_manifest(name: str = RUN, suspend: bool = False, pool: str = "pool") -> 
             "dataset": {"uri": "s3://datasets/ops-6k"},
             "sandboxPoolRef": {"name": pool},
             "resources": {"trainerGpus": 4, "rolloutGpus": 4},
-            "checkpoint": {"everySteps": 2, "prefix": "s3://checkpoints/run"},
+            "checkpoint": {"everySteps": 2, **({"prefix": prefix} if prefix else {})},
             "suspend": suspend,
         },
     }
@@ -88,7 +92,8 @@ def test_run_validates_references_trains_reports_suspends_resumes_and_is_deleted
 ) -> None:
     port = free_port()
     operator = operator_factory("--suspend-checkpoint-timeout", "600", "--metrics-port", str(port))
-    namespace.apply(run_manifest())
+    prefix = f"s3://cuda-agent/{namespace.name}/run"  # inside the namespace's storage
+    namespace.apply(run_manifest(prefix=prefix))
     blocked = wait_for(
         lambda: namespace.condition(f"trainingrun/{RUN}", "Provisioning"), "Provisioning condition"
     )
@@ -121,12 +126,12 @@ def test_run_validates_references_trains_reports_suspends_resumes_and_is_deleted
         {
             "step": 2,
             "metrics": {"meanReward": 1.25, "passRate": 0.5},
-            "lastCheckpoint": "s3://checkpoints/run/step-2",
+            "lastCheckpoint": f"{prefix}/step-2",
         },
     )
     wait_for(lambda: phase(namespace) == "Running" and condition_true(namespace, "Training"), "Training")
     assert namespace.get("trainingrun", RUN)["status"]["metrics"]["meanReward"] == 1.25
-    namespace.apply(run_manifest(name="other"))
+    namespace.apply(run_manifest(name="other", prefix=prefix))
     denied = report(namespace, {"step": 99}, run="other", check=False)
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
     denied = as_trainer(
@@ -148,13 +153,13 @@ def test_run_validates_references_trains_reports_suspends_resumes_and_is_deleted
     assert checkpointing["status"] == "False" and ray_pods(namespace)
     assert phase(namespace) == "Running"  # the trainer still trains while it writes the checkpoint
     # The operator dies while it waits for that checkpoint: its successor keeps waiting (the wait's start
-    # is in the condition, not in memory) and keeps the compute.
+    # is in its record on the run, not in memory) and keeps the compute.
     operator.kill()
     operator.start()
     wait_for(lambda: metric_value(port, "TrainingRun") >= 2, "the new operator's passes over the run")
     waiting = namespace.condition(f"trainingrun/{RUN}", "Suspended")
     assert waiting is not None and waiting["reason"] == "Checkpointing" and ray_pods(namespace)
-    report(namespace, {"step": 3, "lastCheckpoint": "s3://checkpoints/run/step-3"})
+    report(namespace, {"step": 3, "lastCheckpoint": f"{prefix}/step-3"})
     wait_for(lambda: phase(namespace) == "Suspended" and not ray_pods(namespace), "suspension to zero pods")
     assert condition_true(namespace, "Suspended")
     # And while suspended: the new operator finds it Suspended and creates nothing.
@@ -167,7 +172,7 @@ def test_run_validates_references_trains_reports_suspends_resumes_and_is_deleted
     namespace.kubectl("patch", "trainingrun", RUN, "--type=merge", "-p", '{"spec":{"suspend":false}}')
     wait_for(lambda: namespace.get_or_none("pod", f"{RUN}-driver"), "the driver pod again", timeout=120)
     env = driver_env(namespace)
-    assert env["CUDA_AGENT_RESUME_FROM"] == "s3://checkpoints/run/step-3"
+    assert env["CUDA_AGENT_RESUME_FROM"] == f"{prefix}/step-3"
     wait_for(lambda: phase(namespace) == "Running", "Running after resume")
 
     # Delete: owner references remove everything the run created.
@@ -249,7 +254,8 @@ def test_run_uses_a_kuberay_raycluster_when_the_crd_is_installed(
     operator_factory()
     namespace.apply(pool_manifest("pool", 0))
     namespace.apply(artifacts_secret(minio_server.endpoint, minio_server.access_key, minio_server.secret_key))
-    namespace.apply(run_manifest())
+    prefix = f"s3://cuda-agent/{namespace.name}/run"
+    namespace.apply(run_manifest(prefix=prefix))
     cluster = wait_for(lambda: namespace.get_or_none("raycluster", RUN), "the RayCluster")
     groups = {g["groupName"]: g["replicas"] for g in cluster["spec"]["workerGroupSpecs"]}
     assert groups == {"gpu8": 1}
@@ -274,10 +280,11 @@ def test_run_uses_a_kuberay_raycluster_when_the_crd_is_installed(
     from minio import Minio
 
     client = Minio(minio_server.endpoint, minio_server.access_key, minio_server.secret_key, secure=False)
-    if not client.bucket_exists("checkpoints"):
-        client.make_bucket("checkpoints")
-    client.put_object("checkpoints", "run/step-2/actor.pt", io.BytesIO(b"weights"), 7)
-    report(namespace, {"step": 2, "lastCheckpoint": "s3://checkpoints/run/step-2"})
+    if not client.bucket_exists("cuda-agent"):
+        client.make_bucket("cuda-agent")
+    key = f"{namespace.name}/run/step-2/actor.pt"
+    client.put_object("cuda-agent", key, io.BytesIO(b"weights"), 7)
+    report(namespace, {"step": 2, "lastCheckpoint": f"{prefix}/step-2"})
 
     namespace.kubectl("patch", "trainingrun", RUN, "--type=merge", "-p", '{"spec":{"suspend":true}}')
     wait_for(
@@ -286,10 +293,10 @@ def test_run_uses_a_kuberay_raycluster_when_the_crd_is_installed(
         ),
         "Checkpointing",
     )
-    report(namespace, {"step": 3, "lastCheckpoint": "s3://checkpoints/run/step-3"})
+    report(namespace, {"step": 3, "lastCheckpoint": f"{prefix}/step-3"})
     wait_for(lambda: phase(namespace) == "Suspended", "Suspended")
     wait_for(lambda: not namespace.get_or_none("raycluster", RUN), "the RayCluster to be deleted")
 
     namespace.kubectl("delete", "trainingrun", RUN, "--wait=true", "--timeout=60s")
     wait_for(lambda: not namespace.get_or_none("role", f"{RUN}-trainer"), "garbage collection")
-    assert client.get_object("checkpoints", "run/step-2/actor.pt").read() == b"weights"
+    assert client.get_object("cuda-agent", key).read() == b"weights"

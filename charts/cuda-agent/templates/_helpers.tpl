@@ -106,6 +106,30 @@ share the values map). */}}
 {{- toJson .Values.minio._credentials -}}
 {{- end -}}
 
+{{/* "true" when each namespace gets MinIO credentials of its own (the bundled MinIO only), else "". */}}
+{{- define "cuda-agent.tenantCredentials" -}}
+{{- if and .Values.minio.enabled .Values.artifacts.tenantCredentials -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* Per-namespace MinIO credentials, {"<namespace>": {"accessKey", "secretKey"}}: those a previous
+install generated (kept across upgrades, as MinIO holds them), else new random ones; memoized per render
+like the root credentials (the artifacts Secrets and the tenants Secret need the same). */}}
+{{- define "cuda-agent.minioTenants" -}}
+{{- if not (hasKey .Values.minio "_tenants") -}}
+{{- $existing := (lookup "v1" "Secret" .Release.Namespace (printf "%s-tenants" (include "cuda-agent.minioFullname" .))).data | default dict -}}
+{{- $known := get $existing "tenants.json" | b64dec | default "{}" | fromJson -}}
+{{- $tenants := dict -}}
+{{- range $namespace := include "cuda-agent.artifactsNamespaces" . | fromJsonArray -}}
+{{- $old := get $known $namespace | default dict -}}
+{{- $_ := set $tenants $namespace (dict "accessKey" (printf "cuda-agent-%s" $namespace) "secretKey" (get $old "secretKey" | default (randAlphaNum 40))) -}}
+{{- end -}}
+{{- $_ := set .Values.minio "_tenants" $tenants -}}
+{{- end -}}
+{{- toJson .Values.minio._tenants -}}
+{{- end -}}
+
 {{/* Which seccomp installer applies: "daemonset", "securityProfilesOperator" or "" (none). */}}
 {{- define "cuda-agent.seccompMode" -}}
 {{- if .Values.seccomp.install -}}

@@ -61,8 +61,13 @@ def _schedulable(node: Manifest) -> bool:
     return ready and not blocked
 
 
-def capacity(nodes: Sequence[Manifest], pods: Sequence[Manifest]) -> Capacity:
-    """Free GPUs per node from node allocatable and the requests of active pods (pure)."""
+# (namespace, run uid) -> {Ray pod name: its GPUs} of each run this operator has admitted.
+Gangs = Mapping[tuple[str, str], Mapping[str, int]]
+
+
+def capacity(nodes: Sequence[Manifest], pods: Sequence[Manifest], gangs: Gangs | None = None) -> Capacity:
+    """Free GPUs per node from node allocatable and the requests of active pods, and the GPUs promised
+    to the admitted `gangs` whose pods are not bound yet (pure)."""
     free: dict[str, int] = {}
     for node in nodes:
         if _schedulable(node):
@@ -81,11 +86,30 @@ def capacity(nodes: Sequence[Manifest], pods: Sequence[Manifest]) -> Capacity:
             node = pod["spec"]["nodeName"]
             if node in free:
                 free[node] -= gpus
-        elif lb.RUN_LABEL in ((pod.get("metadata") or {}).get("labels") or {}):
+        else:
             # A gang admitted a moment ago: its pods wait for the scheduler, their GPUs are spoken for.
-            # Other unbound pods are not counted: one that can never be placed would block every run.
-            promised.append(gpus)
+            # Only the pods the operator creates for the runs it admitted count, and no more GPUs than
+            # it gives each: any other unbound pod (a label proves nothing; one that can never be placed
+            # would block every run) is not this operator's to count.
+            held = min(gpus, _promised(pod, gangs or {}))
+            if held:
+                promised.append(held)
     return Capacity(free, promised, total)
+
+
+def _promised(pod: Manifest, gangs: Gangs) -> int:
+    """The GPUs an unbound pod may hold back: those of its place in the gang of the admitted run that
+    controls it (owner reference in the same namespace), else none."""
+    meta = pod.get("metadata") or {}
+    for owner in meta.get("ownerReferences") or ():
+        if (
+            isinstance(owner, Mapping)
+            and owner.get("controller") is True
+            and owner.get("kind") == lb.RUN_KIND
+        ):
+            gang = gangs.get((str(meta.get("namespace")), str(owner.get("uid"))), {})
+            return gang.get(str(meta.get("name")), 0)
+    return 0
 
 
 def _bound(pod: Manifest) -> bool:
@@ -95,22 +119,34 @@ def _bound(pod: Manifest) -> bool:
 def fits(gang: Sequence[int], available: Capacity) -> bool:
     """Whether the promised pods and then every pod of `gang` find a node, first-fit-decreasing (pure).
     For pods of whole 8-GPU nodes, as trainer workers are, this is exact."""
+    return _first_fit(gang, available)[0] == len(gang)
+
+
+def _first_fit(gang: Sequence[int], available: Capacity) -> tuple[int, list[int]]:
+    """(how many of `gang`'s pods find a node after the promised ones, the free GPUs per node left for
+    the gang, largest first)."""
     free = sorted((max(0, gpus) for gpus in available.free.values()), reverse=True)
-    for gpus in sorted([*available.promised, *gang], reverse=True):
+
+    def place(gpus: int) -> bool:
         slot = next((i for i, room in enumerate(free) if room >= gpus), None)
         if slot is None:
             return False
         free[slot] -= gpus
         free.sort(reverse=True)
-    return True
+        return True
+
+    for gpus in sorted(available.promised, reverse=True):
+        place(gpus)
+    left = list(free)
+    return sum(1 for gpus in sorted(gang, reverse=True) if place(gpus)), left
 
 
 def gang_condition(gang: Sequence[int], available: Capacity) -> Condition:
     """The Admitted condition of a run waiting for `gang` (pure)."""
     need = sum(gang)
-    free = sum(max(0, gpus) for gpus in available.free.values()) - sum(available.promised)
+    placed, left = _first_fit(gang, available)
     shape = f"{len(gang)} Ray worker pod(s) of {', '.join(str(g) for g in sorted(set(gang)))} {GPU_RESOURCE}"
-    if fits(gang, available):
+    if placed == len(gang):
         return Condition(
             RunCondition.ADMITTED, True, "GangAdmitted", f"the whole gang fits: {shape} ({need} GPUs)"
         )
@@ -126,16 +162,24 @@ def gang_condition(gang: Sequence[int], available: Capacity) -> Condition:
         RunCondition.ADMITTED,
         False,
         "InsufficientGPU",
-        f"waiting for {shape} ({need} GPUs) to fit at once; {max(0, free)} of {available.total} are free "
-        "now. The run starts by itself when other work frees enough GPUs (no pod is created meanwhile)",
+        f"waiting for {shape} ({need} GPUs) to fit at once: {placed} of the {len(gang)} pods fit now (each "
+        f"needs its GPUs on one node; free per node, largest first: {_slots(left)}; {sum(left)} of "
+        f"{available.total} GPUs free in all). The run starts by itself when other work frees enough "
+        "GPUs (no pod is created meanwhile)",
     )
 
 
-async def read_capacity(kube: Kube) -> Capacity:
+def _slots(free: Sequence[int], shown: int = 8) -> str:
+    listed = [str(gpus) for gpus in free if gpus > 0][:shown]
+    more = sum(1 for gpus in free if gpus > 0) - len(listed)
+    return ", ".join(listed) + (f" and {more} more" if more > 0 else "") if listed else "none"
+
+
+async def read_capacity(kube: Kube, gangs: Gangs) -> Capacity:
     """One list of nodes and of active pods, cluster-wide (only for runs waiting for admission)."""
     nodes = await kube.list("v1", "nodes")
     pods = await kube.list("v1", "pods", field_selector=ACTIVE_PODS)
-    return capacity(nodes, pods)
+    return capacity(nodes, pods, gangs)
 
 
 async def gang_scheduler(kube: Kube, labels: Mapping[str, Any], scheduler_name: str) -> GangScheduling:

@@ -57,7 +57,14 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
         help="pod CIDR the autoscaler may contact (repeatable)",
     )
     parser.add_argument("--status-endpoint-map", type=Path, help='JSON {"ns/pod": "http://host:port"}')
-    parser.add_argument("--trainer-image", help="default image of Ray and trainer pods")
+    parser.add_argument("--trainer-image", help="image of Ray and trainer pods")
+    parser.add_argument(
+        "--allowed-trainer-image",
+        action="append",
+        default=[],
+        metavar="IMAGE",
+        help="an image a TrainingRun may pick with its cuda-agent.io/trainer-image annotation (repeatable)",
+    )
     parser.add_argument("--artifacts-secret", help="Secret with S3/MinIO endpoint and credentials")
     parser.add_argument("--artifacts-bucket", help="bucket of checkpoints when a run names no prefix")
     parser.add_argument(
@@ -146,6 +153,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
     values["metrics_scraper_labels"] = _pairs(parser, "--metrics-scraper-label", args.metrics_scraper_label)
     if args.probe_network:
         values["probe_networks"] = tuple(args.probe_network)
+    values["allowed_trainer_images"] = tuple(args.allowed_trainer_image)
     for option in (
         "trainer_image",
         "artifacts_secret",

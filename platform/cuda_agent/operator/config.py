@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cuda_agent.operator.tenancy import valid_image
+
 Seconds = Annotated[float, Field(ge=0)]
 DEFAULT_TRAINER_COMMAND = (sys.executable, "-m", "cuda_agent.cli", "train", "-f", "{run_yaml}")
 DEFAULT_SANDBOX_COMMAND = (sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", "--config", "{config}")
@@ -75,7 +77,12 @@ class OperatorConfig(BaseModel):
     )
     trainer_image: str = Field(
         default="ghcr.io/cuda-agent/trainer:0.1.0",
-        description="Image of the Ray head, workers and trainer driver when the run names none.",
+        description="Image of the Ray head, workers and trainer driver: the cluster admin's choice.",
+    )
+    allowed_trainer_images: tuple[str, ...] = Field(
+        default=(),
+        description="Other images a TrainingRun may pick with its cuda-agent.io/trainer-image annotation "
+        "(exact references); empty: none, every run gets trainer_image.",
     )
     artifacts_secret: str = Field(
         default="cuda-agent-artifacts",
@@ -145,6 +152,21 @@ class OperatorConfig(BaseModel):
         description="Run Kopf only while holding the Lease (replicas > 1, rolling updates); None: "
         "standalone.",
     )
+
+    @field_validator("trainer_image")
+    @classmethod
+    def _image_parses(cls, value: str) -> str:
+        if not valid_image(value):
+            raise ValueError(f"--trainer-image {value!r}: not an image reference (registry/path:tag)")
+        return value
+
+    @field_validator("allowed_trainer_images")
+    @classmethod
+    def _images_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for image in value:
+            if not valid_image(image):
+                raise ValueError(f"--allowed-trainer-image {image!r}: not an image reference")
+        return value
 
     @field_validator("probe_networks")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -25,10 +26,28 @@ class IndexLike(Protocol[V]):
 
     def get(self, key: Any, default: Any = None) -> Any: ...
 
+    def __iter__(self) -> Iterator[Any]: ...
+
 
 def _values(index: IndexLike[Any], key: Any) -> list[Any]:
     store = index.get(key)
     return list(store) if store is not None else []
+
+
+@dataclass
+class OwnWrites:
+    """What this process last wrote to one object (its status, annotations), and which of the object's
+    resourceVersions predate those writes. The watch may still show such an older version for a moment;
+    only then is the write laid over it. A newer version is the truth, whoever wrote it: a value forged
+    after the operator's write shows through and is corrected by the next pass, and a restarted operator
+    (which remembers nothing) reads what is there."""
+
+    uid: str
+    older: set[str] = field(default_factory=set)
+    latest: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+    status_at: float = 0.0  # monotonic time of the last status write (the pools' write rate limit)
+    annotations: dict[str, str | None] = field(default_factory=dict)  # None: removed
 
 
 @dataclass
@@ -44,19 +63,20 @@ class OperatorContext:
     histories: dict[Key, History] = field(default_factory=dict)
     # (kind, namespace, name) -> spec hash this process applied last (the watch may lag behind a write)
     applied: dict[tuple[str, str, str], str] = field(default_factory=dict)
-    # (kind, namespace, name) -> (monotonic time, status) of this process's last status write
-    status_written: dict[Key, tuple[float, dict[str, Any]]] = field(default_factory=dict)
-    written_uids: dict[Key, str] = field(default_factory=dict)  # whose status `status_written` holds
+    own_writes: dict[Key, OwnWrites] = field(default_factory=dict)  # this process's writes to owners
     # Held from a run's capacity check until its pods exist, so two runs cannot both take the same GPUs.
     admission_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     queued_runs: set[Key] = field(default_factory=set)  # TrainingRuns in phase Queued (a metric)
+    # key -> uid of the runs this process admitted: their pending pods hold GPUs back from the moment
+    # of admission, before the record of it shows in the watch.
+    admitted: dict[Key, str] = field(default_factory=dict)
 
     def forget(self, key: Key) -> None:
         """Drop what the operator remembers about an object that was deleted."""
         self.histories.pop(key, None)
-        self.status_written.pop(key, None)
-        self.written_uids.pop(key, None)
+        self.own_writes.pop(key, None)
         self.queued_runs.discard(key)
+        self.admitted.pop(key, None)
 
     def owner(self, key: Key) -> Manifest | None:
         found = _values(self.owners, key)
@@ -68,6 +88,47 @@ class OperatorContext:
     def children_of(self, key: Key) -> dict[tuple[str, str], ChildView]:
         """(kind, name) -> child view."""
         return {(child.kind, child.name): child for child in _values(self.children, key)}
+
+    def basis(self, key: Key, body: Manifest) -> tuple[dict[str, Any], dict[str, str]]:
+        """(status, annotations) of an owner as the apiserver holds them, as far as this process knows:
+        the watch's view, with this process's latest writes laid over it only while that view predates
+        them (see OwnWrites)."""
+        meta = body.get("metadata") or {}
+        status = dict(body.get("status") or {})
+        annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+        own = self.own_writes.get(key)
+        if own is None or own.uid != meta.get("uid"):
+            return status, annotations
+        version = str(meta.get("resourceVersion") or "")
+        if version == own.latest:
+            own.older.clear()  # the watch caught up
+        if version not in own.older:
+            return status, annotations
+        merged = {**annotations, **own.annotations}
+        return {**status, **own.status}, {k: v for k, v in merged.items() if v is not None}
+
+    def wrote(
+        self,
+        key: Key,
+        body: Manifest,
+        answer: Manifest | None,
+        *,
+        status: dict[str, Any] | None = None,
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        """Remember a write to an owner: `body` is the version it was decided on, `answer` the object
+        the apiserver returned."""
+        meta = body.get("metadata") or {}
+        own = self.own_writes.get(key)
+        if own is None or own.uid != meta.get("uid"):
+            own = self.own_writes[key] = OwnWrites(uid=str(meta.get("uid") or ""))
+        own.older.add(str(meta.get("resourceVersion") or ""))
+        if own.latest:
+            own.older.add(own.latest)
+        own.latest = str(((answer or {}).get("metadata") or {}).get("resourceVersion") or "")
+        if status is not None:
+            own.status, own.status_at = dict(status), time.monotonic()
+        own.annotations.update(annotations or {})
 
     def history(self, key: Key) -> History:
         return self.histories.setdefault(key, History(started_at=time.monotonic()))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from cuda_agent.operator.autoscaler import PodLoad
-from cuda_agent.operator.conditions import parse_rfc3339
+from cuda_agent.operator.conditions import trusted_time
 from cuda_agent.operator.views import PodView
 
 
@@ -41,7 +41,7 @@ def is_drained(pod: PodView, load: PodLoad | None, now: datetime, grace: float) 
         return True  # never started (or already finished): it holds no sessions
     if load is not None and load.active_sessions == 0:
         return True
-    since = parse_rfc3339(pod.drain_since)
+    since = trusted_time(pod.drain_since, now)
     return since is not None and now - since >= timedelta(seconds=grace)
 
 
@@ -58,7 +58,9 @@ def plan_drain(
     if desired >= current:
         return DrainPlan(desired, (), tuple(keep), ())
     busy = [p for p in doomed_pods(pods, desired) if not is_drained(p, loads.get(p.name), now, grace)]
-    # The annotation both tells the server to refuse new sessions and starts the pod's grace clock.
-    start = tuple(p.name for p in busy if not p.drain_since)
+    # The annotation both tells the server to refuse new sessions and starts the pod's grace clock. Anyone
+    # who may edit pods may write it too: a value that is not a time with a zone, up to now, is not a
+    # clock that started, and is written again.
+    start = tuple(p.name for p in busy if trusted_time(p.drain_since, now) is None)
     replicas = max([desired, *((p.ordinal or 0) + 1 for p in busy)])
     return DrainPlan(min(replicas, current), start, tuple(keep), tuple(p.name for p in busy))

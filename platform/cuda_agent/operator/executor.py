@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.apply import apply_changed
+from cuda_agent.operator.conditions import parse_rfc3339
 from cuda_agent.operator.kube import KubeError, Ref
 from cuda_agent.operator.run_children import (
     RunContext,
@@ -50,6 +52,7 @@ class Compute:
     starting_reason: str = "StartingRayCluster"  # Provisioning's reason while `ready` is False
     failure_reason: str = "DriverFailed"  # CamelCase cause when `driver` is "failed", e.g. OOMKilled
     stuck: tuple[str, str] | None = None  # (reason, message) of a pod that cannot start, e.g. Unschedulable
+    since: datetime | None = None  # creation of the oldest part of it the apiserver shows (None: unknown)
 
 
 class RunExecutor(Protocol):
@@ -145,6 +148,22 @@ def ray_state(
     return ready >= expected and expected > 0, message
 
 
+def compute_since(children: Mapping[tuple[str, str], ChildView], pods: Sequence[PodView]) -> datetime | None:
+    """When the oldest of the run's compute children was created (by the apiserver's clock, which no
+    writer sets): where a restarted operator that lost its record of the admission counts from."""
+    stamps = [
+        child.created
+        for (kind, name), child in children.items()
+        if kind == "RayCluster" or (kind == "Service" and name.endswith("-ray-head"))
+    ]
+    stamps += [p.created for p in pods if p.component in COMPUTE_COMPONENTS and not p.terminating]
+    found = [moment for stamp in stamps if (moment := parse_rfc3339(stamp)) is not None]
+    return min(found) if found else None
+
+
+COMPUTE_COMPONENTS = (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER, lb.COMPONENT_DRIVER)
+
+
 def compute_children(
     children: Mapping[tuple[str, str], ChildView], pods: Sequence[PodView], keep_driver: bool
 ) -> list[Ref]:
@@ -181,8 +200,9 @@ class ClusterExecutor:
         exists = bool(compute_children(children, pods, keep_driver=False))
         stuck = stuck_pod(pods)
         return Compute(
-            exists, ready, ready_message, driver, driver_message, failure_reason=failure, stuck=stuck
-        )
+            exists, ready, ready_message, driver, driver_message, failure_reason=failure, stuck=stuck,
+            since=compute_since(children, pods),
+        )  # fmt: skip
 
     async def log_tail(self, context: OperatorContext, run: RunContext, lines: int) -> str:
         """From the kubelet, through the apiserver: the crashed container's log (`previous`) while the

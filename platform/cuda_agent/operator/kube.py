@@ -185,7 +185,11 @@ class Kube:
         query = [("tailLines", str(tail_lines)), ("previous", "true" if previous else "false")]
         path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log"
         try:
-            raw = await self._raw("GET", path, query=query, accept="text/plain", timeout=LOG_TIMEOUT_SECONDS)
+            # JSON too: an error (no such container, a node that serves no logs) comes back as a Status
+            # object, which the apiserver refuses to send as text/plain (HTTP 406 instead of the reason).
+            raw = await self._raw(
+                "GET", path, query=query, accept="text/plain, application/json", timeout=LOG_TIMEOUT_SECONDS
+            )
         except (aiohttp.ClientError, TimeoutError) as error:
             raise KubeError(0, "GET", path, f"{type(error).__name__}: {error}") from error
         return (raw or b"").decode(errors="replace")

@@ -40,6 +40,7 @@ from cuda_agent.operator.executor import Compute, DriverState
 from cuda_agent.operator.kube import KubeError, Ref
 from cuda_agent.operator.pool_children import server_config
 from cuda_agent.operator.run_children import RunContext, run_config, trainer_env
+from cuda_agent.operator.tenancy import ARTIFACTS_ENV_NAMES
 from cuda_agent.storage.config import ENV_NAMES
 
 if TYPE_CHECKING:
@@ -410,10 +411,16 @@ async def _pool_spec(context: OperatorContext, namespace: str, pool: str) -> San
 
 
 async def _secret_env(context: OperatorContext, namespace: str, name: str) -> dict[str, str]:
-    """The artifacts Secret's keys as environment variables (a driver pod's `envFrom`)."""
+    """The artifacts Secret's storage settings as environment variables, each by name, as a driver pod
+    gets them. No other key passes: the Secret is the run author's, and a key such as PYTHONWARNINGS or
+    BROWSER would run their command as the operator's user at every trainer start."""
     secret = await context.kube.get(Ref("Secret", namespace, name)) or {}
     data: Mapping[str, str] = secret.get("data") or {}
-    return {key: base64.b64decode(value).decode() for key, value in data.items()}
+    return {
+        key: base64.b64decode(data[key]).decode(errors="replace")
+        for key in ARTIFACTS_ENV_NAMES
+        if key in data
+    }
 
 
 async def _trainer_kubeconfig(context: OperatorContext, run: RunContext, path: Path) -> Path:

@@ -244,22 +244,24 @@ def status_write_delay(
 async def _write_status(
     context: OperatorContext, body: Manifest, status: dict[str, Any], ref: Ref
 ) -> float | None:
-    """The pass's one status write, skipped when nothing changed; returns when to look again if the
-    write was held back by the rate limit."""
+    """The pass's one status write, skipped when the apiserver already holds it (as far as the watch
+    shows, or this process's own write that the watch does not show yet); a value someone else wrote
+    over the operator's (a forged selector or readyReplicas) is written over again. Returns when to look
+    again if the write was held back by the rate limit."""
     key = (ref.kind, ref.namespace, ref.name)
-    previous = body.get("status") or {}
-    written_at, written = context.status_written.get(key, (0.0, {}))
-    if any(all(seen.get(f) == v for f, v in status.items()) for seen in (previous, written)):
-        return None  # the watch may not show our last write yet: `written` covers that gap
-    delay = status_write_delay(written or previous, status, time.monotonic() - written_at)
+    previous, _ = context.basis(key, body)
+    if all(previous.get(f) == v for f, v in status.items()):
+        return None
+    own = context.own_writes.get(key)
+    written_at = own.status_at if own is not None and own.uid == body["metadata"].get("uid") else 0.0
+    delay = status_write_delay(previous, status, time.monotonic() - written_at)
     if delay is not None:
         return delay
     cleared = {field: None for field in DEMAND_FIELDS if field in previous and field not in status}
-    await context.kube.merge_patch(ref, {"status": {**status, **cleared}}, subresource="status")
-    context.status_written[key] = (time.monotonic(), status)
-    before = written or previous
-    await post(context, body, condition_events(before, status, _is_problem))
-    log_pass(ref.kind, ref.namespace, ref.name, **changed_fields(before, status))
+    answer = await context.kube.merge_patch(ref, {"status": {**status, **cleared}}, subresource="status")
+    context.wrote(key, body, answer, status=status)
+    await post(context, body, condition_events(previous, status, _is_problem))
+    log_pass(ref.kind, ref.namespace, ref.name, **changed_fields(previous, status))
     return None
 
 

@@ -67,6 +67,9 @@ class RunContext:
     # The run's SandboxPool as the operator observed it (the local executor: as its server on this machine
     # serves it); the episodes' device comes from it. None: not observed, so no episode settings.
     pool: SandboxPoolSpec | None = None
+    # The artifacts Secret's storage keys the trainer gets, each by name (tenancy.ARTIFACTS_ENV_NAMES
+    # present in the Secret); no other key of it reaches a trainer's environment.
+    artifacts_keys: tuple[str, ...] = ()
 
 
 def pod_group_name(run: RunContext) -> str:
@@ -243,6 +246,15 @@ def _env(run: RunContext, spec: TrainingRunSpec, ray_address: str) -> list[dict[
     return [{"name": name, "value": value} for name, value in environ.items()]
 
 
+def _artifacts_env(run: RunContext) -> list[dict[str, Any]]:
+    """The artifacts Secret's storage settings, each by name (not `envFrom`, which would make every key
+    the run's author puts into the Secret part of the trainer's environment)."""
+    return [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": run.artifacts_secret, "key": key}}}
+        for key in run.artifacts_keys
+    ]
+
+
 def _security_context() -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
@@ -276,8 +288,7 @@ def _pod_spec(
                 "name": "trainer",
                 "image": run.image,
                 "command": command,
-                "env": _env(run, spec, ray_address),
-                "envFrom": [{"secretRef": {"name": run.artifacts_secret}}],
+                "env": _env(run, spec, ray_address) + _artifacts_env(run),
                 "ports": [{"containerPort": port} for port in ports],
                 "resources": resources,
                 "securityContext": _security_context(),

@@ -4,15 +4,15 @@ Suspension is Kueue-compatible: `spec.suspend: true` (from a person or from Kueu
 trainer for a checkpoint (condition Suspended=False, reason Checkpointing: the trainer watches its own
 run, writes one and reports it in `status.lastCheckpoint`), then stops the compute (the Ray cluster and
 driver pods, or the local processes: see executor.py); `false` starts it again with
-`CUDA_AGENT_RESUME_FROM` set to the last checkpoint. A run created suspended never starts anything.
-The trainer owns `step`, `metrics` and `lastCheckpoint`; the operator owns `phase`, `conditions` and
-`observedGeneration`.
+`CUDA_AGENT_RESUME_FROM` set to the last checkpoint (one under the run's own prefix). A run created
+suspended never starts anything. The trainer owns `step`, `metrics` and `lastCheckpoint`; the operator
+owns `phase`, `conditions`, `observedGeneration` and `startTime`, and writes them over whatever else put
+there: it decides from its own record (run_record.py), never from the status.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -26,9 +26,23 @@ from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
 from cuda_agent.api.trainingrun import TrainingRunPhase as RunPhase
 from cuda_agent.api.trainingrun import TrainingRunSpec, TrainingRunStatus
 from cuda_agent.operator import labels as lb
-from cuda_agent.operator.admission import gang_condition, gang_placed, gang_scheduler, read_capacity
+from cuda_agent.operator.admission import (
+    Gangs,
+    gang_condition,
+    gang_placed,
+    gang_scheduler,
+    read_capacity,
+)
 from cuda_agent.operator.apply import apply_changed
-from cuda_agent.operator.conditions import Condition, find, merge_conditions, parse_rfc3339, rfc3339
+from cuda_agent.operator.conditions import (
+    Condition,
+    find,
+    merge_conditions,
+    parse_rfc3339,
+    rfc3339,
+    trusted_time,
+)
+from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.events import Event, changed_fields, condition_events, log_pass, post
 from cuda_agent.operator.executor import LOG_TAIL_LINES, Compute
@@ -41,13 +55,28 @@ from cuda_agent.operator.run_children import (
     service_account,
     worker_gpus,
 )
-from cuda_agent.operator.workqueue import Key
+from cuda_agent.operator.run_record import (
+    MAX_MESSAGE,
+    REASON,
+    STARTED_AT,
+    RunRecord,
+    read_record,
+    record_patch,
+)
+from cuda_agent.operator.tenancy import (
+    ARTIFACTS_ENV_NAMES,
+    TRAINER_IMAGE_ANNOTATION,
+    default_checkpoint_prefix,
+    namespace_root,
+    resume_point,
+    within,
+)
 
 log = logging.getLogger(__name__)
-CHECKPOINT_BEFORE = "cuda-agent.io/suspend-checkpoint-before"
 CHECKPOINT_POLL_SECONDS = 2.0
 RELEASE_SECONDS = 2.0  # after a run lets go of its pods, when queued runs check the capacity again
 TERMINAL = (RunCondition.SUCCEEDED, RunCondition.FAILED)
+NEWEST = "the newest checkpoint under its prefix, if any"  # what the trainer resumes from by itself
 
 
 @dataclass(frozen=True)
@@ -164,13 +193,34 @@ def decide_conditions(state: RunState) -> tuple[RunPhase, list[Condition]]:
     return phase, conditions
 
 
-async def check_references(
-    context: OperatorContext, namespace: str, spec: TrainingRunSpec
-) -> Condition | None:
-    """What admission cannot check: the pool and the artifacts Secret exist (and the Secret parses)."""
+async def validate_run(
+    context: OperatorContext, body: Manifest, spec: TrainingRunSpec
+) -> tuple[Condition | None, tuple[str, ...]]:
+    """What admission cannot check, and what is the operator's to allow: the trainer image, the
+    checkpoint prefix (inside the namespace's storage), the pool and the artifacts Secret (it exists and
+    parses). Returns (why the run cannot start, the Secret's storage keys the trainer gets)."""
     from cuda_agent.storage.config import StorageConfig
     from cuda_agent.storage.errors import StorageConfigError
 
+    config = context.config
+    namespace = body["metadata"]["namespace"]
+    image = (body["metadata"].get("annotations") or {}).get(TRAINER_IMAGE_ANNOTATION)
+    if image is not None and image not in config.allowed_trainer_images:
+        allowed = ", ".join(config.allowed_trainer_images) or "none"
+        return Condition(
+            RunCondition.PROVISIONING, False, "TrainerImageNotAllowed",
+            f"annotation {TRAINER_IMAGE_ANNOTATION}={image[:200]!r} names an image the cluster admin has not "
+            f"allowed (the operator's --allowed-trainer-image: {allowed}): remove the annotation to run "
+            f"{config.trainer_image}",
+        ), ()  # fmt: skip
+    root = namespace_root(config.artifacts_bucket, namespace)
+    prefix = spec.checkpoint.prefix
+    if prefix is not None and not within(prefix, root):
+        return Condition(
+            RunCondition.PROVISIONING, False, "CheckpointPrefixNotAllowed",
+            f"spec.checkpoint.prefix {prefix[:300]!r} is outside this namespace's storage {root}: name a "
+            f"prefix under it, or leave it out (the run then uses {root}<run>/<uid>/checkpoints)",
+        ), ()  # fmt: skip
     pool = spec.sandbox_pool_ref.name
     if context.owner((lb.POOL_KIND, namespace, pool)) is None:
         return Condition(
@@ -178,9 +228,9 @@ async def check_references(
             False,
             "SandboxPoolNotFound",
             f"SandboxPool {namespace}/{pool} does not exist: create it or fix spec.sandboxPoolRef.name "
-            f"(checked again every {context.config.sync_period:g} s)",
-        )
-    secret_name = context.config.artifacts_secret
+            f"(checked again every {config.sync_period:g} s)",
+        ), ()
+    secret_name = config.artifacts_secret
     secret = await context.kube.get(Ref("Secret", namespace, secret_name))
     if secret is None:
         return Condition(
@@ -190,54 +240,60 @@ async def check_references(
             f"Secret {namespace}/{secret_name} (MinIO/S3 endpoint and credentials) does not exist: create "
             "it with AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or start the operator "
             "with --artifacts-secret naming yours",
-        )
+        ), ()
     try:
-        config = StorageConfig.from_secret(secret)
+        storage = StorageConfig.from_secret(secret)
     except StorageConfigError as error:
         return Condition(
             RunCondition.PROVISIONING, False, "ArtifactsSecretInvalid", f"{error}: fix Secret {secret_name}"
-        )
-    if config.endpoint is None:
+        ), ()
+    if storage.endpoint is None:
         return Condition(
             RunCondition.PROVISIONING,
             False,
             "ArtifactsSecretInvalid",
             f"Secret {namespace}/{secret_name} names no S3 endpoint: add AWS_ENDPOINT_URL",
-        )
-    return None
+        ), ()
+    keys = {*(secret.get("data") or {}), *(secret.get("stringData") or {})}
+    return None, tuple(name for name in ARTIFACTS_ENV_NAMES if name in keys)
 
 
-async def _suspend_step(
-    context: OperatorContext, body: Manifest, compute_exists: bool, driver: str, now: datetime
-) -> tuple[str, str, bool]:
-    """(suspend state, message, delete compute now) for a run with spec.suspend true."""
-    annotations = body["metadata"].get("annotations") or {}
-    last = (body.get("status") or {}).get("lastCheckpoint") or ""
+def _suspend_step(
+    config: OperatorConfig,
+    record: RunRecord,
+    last: str,
+    compute_exists: bool,
+    driver: str,
+    now: datetime,
+) -> tuple[str, str, bool, RunRecord]:
+    """(suspend state, message, delete compute now, the record) for a run with spec.suspend true;
+    `last` is the run's last checkpoint under its own prefix ("" for none)."""
     if not compute_exists:
-        return "suspended", f"scaled to zero; resumes from {last or 'the start'}", False
-    requested = parse_rfc3339(annotations.get(lb.SUSPEND_REQUESTED_AT))
-    before = annotations.get(CHECKPOINT_BEFORE, "")
-    if requested is None:
+        return "suspended", f"scaled to zero; resumes from {last or NEWEST}", False, record
+    if record.suspend_requested_at is None or record.checkpoint_before is None:
         # Remember when suspension was asked for and which checkpoint existed then.
-        patch = {
-            "metadata": {"annotations": {lb.SUSPEND_REQUESTED_AT: rfc3339(now), CHECKPOINT_BEFORE: last}}
-        }
-        await context.kube.merge_patch(Ref.of(body), patch)
-        requested, before = now, last
+        record = replace(record, suspend_requested_at=now, checkpoint_before=last)
+    requested, before = record.suspend_requested_at or now, record.checkpoint_before
     if last and last != before:
-        return "suspended", f"checkpoint {last} written: scaled to zero; resumes from {last}", True
-    if now - requested >= timedelta(seconds=context.config.suspend_checkpoint_timeout):
-        return "suspended", f"no new checkpoint within the timeout: scaled to zero; resumes from {last}", True
+        return "suspended", f"checkpoint {last} written: scaled to zero; resumes from {last}", True, record
+    if now - requested >= timedelta(seconds=config.suspend_checkpoint_timeout):
+        message = f"no new checkpoint within the timeout: scaled to zero; resumes from {last or NEWEST}"
+        return "suspended", message, True, record
     if driver == "complete":
         # The trainer exits 0 right after reporting its checkpoint: wait for that report to show.
-        return "checkpointing", "the trainer exited after its checkpoint; waiting for its report", False
+        message = "the trainer exited after its checkpoint; waiting for its report"
+        return "checkpointing", message, False, record
     if driver != "active":
-        return "suspended", "no trainer was running: scaled to zero", True
-    return "checkpointing", "waiting for the trainer's checkpoint before scaling to zero", False
+        return "suspended", "no trainer was running: scaled to zero", True, record
+    return "checkpointing", "waiting for the trainer's checkpoint before scaling to zero", False, record
 
 
 async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> float | None:
-    """Converge one TrainingRun; returns seconds until the next pass is needed (None: on events only)."""
+    """Converge one TrainingRun; returns seconds until the next pass is needed (None: on events only).
+
+    Everything it decides comes from what the operator observes (the spec, its children, the pool and
+    Secret) and from its own record in the run's annotations (run_record.py); of the status it reads
+    only the trainer's progress (`step`, and `lastCheckpoint` when it lies under the run's prefix)."""
     key = (lb.RUN_KIND, namespace, name)
     body = context.owner(key)
     if body is None:
@@ -247,69 +303,69 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
             context.queue.add_after(queued, RELEASE_SECONDS)
         return None
     ref = Ref(lb.RUN_KIND, namespace, name)
-    previous = _previous_status(context, key, body)
-    generation = int(body["metadata"].get("generation", 0))
     now = datetime.now(UTC)
+    previous, annotations = context.basis(key, body)
+    record, problems = read_record(annotations, now, parse_rfc3339(body["metadata"].get("creationTimestamp")))
+    generation = int(body["metadata"].get("generation", 0))
     children = context.children_of(key)
-    ended = _ended(previous)  # the Succeeded/Failed condition of a run that already ended
+    ended = record.ended
+    step = previous.get("step") if isinstance(previous.get("step"), int) else None
 
-    # 1. Validate what admission cannot: the spec against this operator's models, the pool, the Secret.
-    spec: TrainingRunSpec | None = None
-    blocked: Condition | None
+    # 1. Validate what admission cannot: the spec against this operator's models, then what is the
+    #    operator's to allow (image, checkpoint prefix) and the references (pool, Secret).
     try:
         spec = TrainingRunSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        message = str(error).replace("\n", "; ")[:2000]
-        blocked = Condition(RunCondition.PROVISIONING, False, "InvalidSpec", f"fix the spec: {message}")
-    else:
-        blocked = None if ended else await check_references(context, namespace, spec)
-    if spec is None or blocked is not None:
-        failed = ended if ended is not None and ended.type == RunCondition.FAILED else None
-        driver = "complete" if ended is not None and failed is None else "absent"
-        state = RunState(blocked, None, "", False, "", driver, "", previous.get("step"), 0, failure=failed)
-        await _write_status(context, body, ref, state, generation, now, previous.get("startTime"))
-        return context.config.sync_period  # the pool or Secret may appear later
+        return await _unreadable(context, body, ref, error, record, annotations, problems, step, now)
+    blocked, artifacts_keys = (None, ()) if ended else await validate_run(context, body, spec)
+    prefix_root = spec.checkpoint.prefix or default_checkpoint_prefix(
+        context.config.artifacts_bucket, namespace, name, body["metadata"]["uid"]
+    )
+    last = resume_point(previous.get("lastCheckpoint"), prefix_root) or ""
+    run = _run_context(context, body, spec, prefix_root, last or None, artifacts_keys)
 
-    # 2. The trainer's identity and run file (kept while suspended; they hold no resources). A run that
-    #    ended creates nothing: these exist already, or the run never started.
-    run = _run_context(context, body, spec)
+    # 2. The trainer's identity and run file (kept while suspended; they hold no resources), for a run
+    #    that may start: a run that ended or is blocked creates nothing.
     errors: list[str] = []
     created: list[str] = []
-    if ended is None:
+    if ended is None and blocked is None:
         created, errors = await apply_changed(
             context,
             [service_account(run), role(run), role_binding(run), run_config(run, body["spec"])],
             children,
         )
 
-    # 3. Observe the compute; decide suspension.
+    # 3. Observe the compute (whether or not the references resolve); decide suspension.
     executor = context.executor
     compute = await executor.observe(context, run, spec)
+    if ended is None:
+        ended = _adopted_end(record, previous, compute)
     driver = compute.driver
     if ended is not None:
         driver = "complete" if ended.type == RunCondition.SUCCEEDED else "failed"
     suspend, suspend_message, delete_now = None, "", False
     if spec.suspend and ended is None:
-        suspend, suspend_message, delete_now = await _suspend_step(context, body, compute.exists, driver, now)
+        suspend, suspend_message, delete_now, record = _suspend_step(
+            context.config, record, last, compute.exists, driver, now
+        )
         if driver == "complete":
             driver = "absent"  # a trainer exits 0 after its suspension checkpoint: the run is not finished
-    elif (body["metadata"].get("annotations") or {}).get(lb.SUSPEND_REQUESTED_AT):
-        cleared = {"metadata": {"annotations": {lb.SUSPEND_REQUESTED_AT: None, CHECKPOINT_BEFORE: None}}}
-        await context.kube.merge_patch(ref, cleared)
+    else:
+        record = replace(record, suspend_requested_at=None, checkpoint_before=None)
 
     # 4. Why the run ends now, if it does: the trainer's own end, a deadline, a start that never came.
-    start_time = parse_rfc3339(previous.get("startTime"))
     failure = ended if ended is not None and ended.type == RunCondition.FAILED else None
     if ended is None and not spec.suspend:
-        failure = await decide_failure(context, run, spec, compute, previous, start_time, now)
+        failure = await decide_failure(context, run, spec, compute, record, last, now)
     newly_ended = ended is None and (failure is not None or driver == "complete")
 
     # 5. Admission and compute, under the admission lock while the run still has to be admitted, so
-    #    the gang it was checked for exists (as pending pods) before another run is checked.
+    #    the gang it was checked for exists (as pending pods) before another run is checked. A blocked
+    #    run creates nothing, but what it already runs is still suspended, timed and ended.
     admission: Condition | None = None
     removed: list[str] = []
-    must_admit = ended is None and not newly_ended and not spec.suspend and not compute.exists
-    async with context.admission_lock if must_admit else nullcontext():
+    may_start = ended is None and not newly_ended and not spec.suspend and blocked is None
+    async with context.admission_lock if may_start and not compute.exists else nullcontext():
         if ended is not None or delete_now:
             # 5a. Let go of the compute (the end's record, a finished driver pod, stays for its logs).
             removed = await executor.remove(context, run, keep_finished=not spec.suspend)
@@ -321,13 +377,13 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
                     RunCondition.ADMITTED, False, "RunFinished", "the run ended and released its GPUs"
                 )
         elif newly_ended:
-            # 5b. The end goes into the status first; the next pass removes the compute. An operator
-            #     killed in between finds the run ended instead of restarting it.
+            # 5b. The end goes into the record and the status first; the next pass removes the
+            #     compute. An operator killed in between finds the run ended instead of restarting it.
             pass
-        elif not spec.suspend:
+        elif may_start:
             admission, run = await _admit(context, body, run, spec, compute.exists)
             if admission.status:
-                start_time = start_time or now
+                context.admitted[key] = body["metadata"]["uid"]
             if admission.status or run.gang.mechanism:  # a gang scheduler holds the pods itself
                 started, ensure_errors = await executor.ensure(context, run, spec)
                 created, errors = created + started, errors + ensure_errors
@@ -336,11 +392,33 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
                 RunCondition.ADMITTED, False, "Suspended",
                 "spec.suspend is true: the run holds no GPUs; set it to false (or let Kueue admit it)",
             )  # fmt: skip
-    if (spec.suspend and not compute.exists) or (admission is not None and not admission.status):
-        start_time = None  # deadlines count from the (re)start; a queued or suspended run holds nothing
 
-    # 6. One status write, from what runs now; Events for its transitions.
-    compute = await executor.observe(context, run, spec)
+    # 6. The record (one annotation write when it changed), then one status write, from what runs now.
+    existed, compute = compute.exists, await executor.observe(context, run, spec)
+    if newly_ended:
+        record = replace(record, ended=failure or _succeeded(step, spec))
+    admitted = admission is not None and admission.status
+    if ended is not None or newly_ended or spec.suspend or not (admitted or (admission is None and existed)):
+        record = replace(record, started_at=None, waiting_since=None)  # deadlines count from a (re)start
+    elif record.started_at is None:
+        # Admitted now; or a blocked run's compute, or one an operator that lost the record finds
+        # running: counted from the oldest part of it the apiserver shows.
+        fresh = not existed or run.gang.mechanism
+        record = replace(record, started_at=now if fresh else compute.since or now)
+    if record.started_at is None:
+        context.admitted.pop(key, None)
+    else:
+        running = compute.ready and compute.driver == "active"
+        if running:
+            record = replace(record, waiting_since=None)
+        elif record.waiting_since is None:
+            record = replace(record, waiting_since=now)
+    if blocked is not None and compute.exists and ended is None:
+        blocked = replace(
+            blocked,
+            message=f"{blocked.message}. The compute already running keeps its GPUs and is still "
+            "suspended, timed and ended as usual; nothing new is created until this is fixed",
+        )
     if errors:
         blocked = Condition(
             RunCondition.PROVISIONING, False, "ApplyFailed",
@@ -348,13 +426,14 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
         )  # fmt: skip
     state = RunState(
         blocked, suspend, suspend_message, compute.ready, compute.ready_message, driver,
-        compute.driver_message, previous.get("step"), spec.algorithm.steps, compute.starting_reason,
+        compute.driver_message, step, spec.algorithm.steps, compute.starting_reason,
         admission, failure,
     )  # fmt: skip
-    await _write_status(
-        context, body, ref, state, generation, now, rfc3339(start_time) if start_time else None,
-        created, removed,
-    )  # fmt: skip
+    if not await _write_record(context, body, ref, annotations, record, problems):
+        return context.queue.error_backoff
+    start = rfc3339(record.started_at) if record.started_at else None
+    if not await _write_status(context, body, ref, state, generation, now, start, created, removed):
+        return context.queue.error_backoff  # never at once: a refused write is refused again
     if errors:
         return context.queue.error_backoff
     if newly_ended:
@@ -362,6 +441,82 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     if suspend == "checkpointing":
         return CHECKPOINT_POLL_SECONDS
     return None if ended is not None else context.config.sync_period
+
+
+async def _unreadable(
+    context: OperatorContext,
+    body: Manifest,
+    ref: Ref,
+    error: ValidationError,
+    record: RunRecord,
+    annotations: Mapping[str, str],
+    problems: Sequence[str],
+    step: int | None,
+    now: datetime,
+) -> float:
+    """A spec this operator's models refuse cannot be held to its limits (suspend, deadlines): the
+    compute is stopped and the run waits, InvalidSpec, until the spec is fixed."""
+    message = str(error).replace("\n", "; ")[:2000]
+    blocked = Condition(RunCondition.PROVISIONING, False, "InvalidSpec", f"fix the spec: {message}")
+    removed = await context.executor.remove(context, _bare_run(body), keep_finished=True)
+    ended = record.ended
+    failed = ended if ended is not None and ended.type == RunCondition.FAILED else None
+    driver = "complete" if ended is not None and failed is None else "absent"
+    state = RunState(blocked, None, "", False, "", driver, "", step, 0, failure=failed)
+    record = replace(record, started_at=None, waiting_since=None)
+    generation = int(body["metadata"].get("generation", 0))
+    if not await _write_record(context, body, ref, annotations, record, problems):
+        return context.queue.error_backoff
+    if not await _write_status(context, body, ref, state, generation, now, None, removed=removed):
+        return context.queue.error_backoff
+    return context.config.sync_period
+
+
+def _succeeded(step: int | None, spec: TrainingRunSpec) -> Condition:
+    return Condition(
+        RunCondition.SUCCEEDED, True, "DriverCompleted",
+        f"the trainer finished after {step or 0}/{spec.algorithm.steps} steps",
+    )  # fmt: skip
+
+
+def _adopted_end(record: RunRecord, status: Manifest, compute: Compute) -> Condition | None:
+    """The end of a run an earlier operator version ended, which kept the end only in the status: taken
+    over only when the run has no record of this operator's at all and holds no compute (a forged end
+    of a running run is not an end)."""
+    if record != RunRecord() or (compute.exists and compute.driver not in ("complete", "failed")):
+        return None
+    for kind in TERMINAL:
+        found = find(status.get("conditions"), kind)
+        if found is not None and found.get("status") == "True":
+            reason = str(found.get("reason") or "")
+            reason = reason if REASON.fullmatch(reason) else "Ended"
+            return Condition(kind, True, reason, str(found.get("message") or "")[:MAX_MESSAGE])
+    return None
+
+
+async def _write_record(
+    context: OperatorContext,
+    body: Manifest,
+    ref: Ref,
+    annotations: Mapping[str, str],
+    record: RunRecord,
+    problems: Sequence[str],
+) -> bool:
+    """The pass's one annotation write, when the record changed or an annotation was not valid (then
+    also a Warning Event naming it); False when the write was refused."""
+    patch = record_patch(annotations, record)
+    if not patch:
+        return True
+    try:
+        answer = await context.kube.merge_patch(ref, {"metadata": {"annotations": patch}})
+    except KubeError as error:
+        log.warning("record of TrainingRun %s/%s not written: %s", ref.namespace, ref.name, error)
+        return False
+    context.wrote((ref.kind, ref.namespace, ref.name), body, answer, annotations=patch)
+    if problems:
+        message = "; ".join(problems) + ": ignored and rewritten (these annotations are the operator's)"
+        await post(context, body, [Event(True, "InvalidAnnotation", message[:1000])])
+    return True
 
 
 async def _admit(
@@ -386,7 +541,7 @@ async def _admit(
             RunCondition.ADMITTED, True, "GangAdmitted", f"{sum(gang)} GPUs in {len(gang)} Ray worker pod(s)"
         ), run
     try:
-        available = await read_capacity(context.kube)
+        available = await read_capacity(context.kube, _admitted_gangs(context))
     except KubeError as error:
         return Condition(
             RunCondition.ADMITTED, False, "CapacityUnknown",
@@ -395,18 +550,43 @@ async def _admit(
     return gang_condition(gang, available), run
 
 
+def _admitted_gangs(context: OperatorContext) -> Gangs:
+    """The Ray worker pods (and their GPUs) of every run this operator admitted, by its record (or by
+    this process's memory, until the record shows in the watch)."""
+    gangs: dict[tuple[str, str], dict[str, int]] = {}
+    now = datetime.now(UTC)
+    for key in list(context.owners):
+        body = context.owner(key) if key[0] == lb.RUN_KIND else None
+        if body is None:
+            continue
+        uid = str(body["metadata"].get("uid"))
+        _, annotations = context.basis(key, body)
+        if trusted_time(annotations.get(STARTED_AT), now) is None and context.admitted.get(key) != uid:
+            continue
+        try:
+            spec = TrainingRunSpec.model_validate(body.get("spec") or {})
+        except ValidationError:
+            continue
+        workers = enumerate(worker_gpus(spec))
+        gangs[(key[1], uid)] = {lb.ray_worker_name(key[2], i): gpus for i, gpus in workers}
+    return gangs
+
+
 async def decide_failure(
     context: OperatorContext,
     run: RunContext,
     spec: TrainingRunSpec,
     compute: Compute,
-    previous: Manifest,
-    start_time: datetime | None,
+    record: RunRecord,
+    last_checkpoint: str,
     now: datetime,
 ) -> Condition | None:
-    """The Failed condition of a run that must end now (pure but for reading a failed trainer's log)."""
+    """The Failed condition of a run that must end now (pure but for reading a failed trainer's log).
+    Deadlines count from the admission in the operator's record; the start timeout from the moment the
+    admitted compute was last seen not running (its first start, or a pod recreated later that cannot
+    be placed)."""
     policy = spec.run_policy
-    last = previous.get("lastCheckpoint") or "none"
+    last = last_checkpoint or "none"
     if compute.driver == "complete":
         return None  # a trainer that finished succeeded, however long it took
     if compute.driver == "failed":
@@ -414,9 +594,9 @@ async def decide_failure(
         logs = f"\nlast {LOG_TAIL_LINES} log lines of the trainer:\n{tail[-3000:]}" if tail.strip() else ""
         message = f"{compute.driver_message}; last checkpoint: {last}{logs}"
         return Condition(RunCondition.FAILED, True, compute.failure_reason, message)
-    if start_time is None:
+    if record.started_at is None:
         return None
-    elapsed = int((now - start_time).total_seconds())
+    elapsed = int((now - record.started_at).total_seconds())
     deadline = policy.active_deadline_seconds
     if deadline is not None and elapsed >= deadline:
         return Condition(
@@ -426,44 +606,54 @@ async def decide_failure(
             f"the run held its compute for {elapsed} s, past spec.runPolicy.activeDeadlineSeconds="
             f"{deadline}; last checkpoint: {last} (a new run with a larger deadline can start from it)",
         )
-    started = previous.get("phase") in (RunPhase.WARMING_UP, RunPhase.RUNNING) or (
-        compute.ready and compute.driver == "active"
+    running = compute.ready and compute.driver == "active"
+    waiting = record.waiting_since
+    if running or waiting is None or (now - waiting).total_seconds() < policy.start_timeout_seconds:
+        return None
+    reason, detail = compute.stuck or (
+        "StartTimeout",
+        compute.ready_message if not compute.ready else compute.driver_message,
     )
-    if not started and elapsed >= policy.start_timeout_seconds:
-        reason, detail = compute.stuck or (
-            "StartTimeout",
-            compute.ready_message if not compute.ready else compute.driver_message,
-        )
-        return Condition(
-            RunCondition.FAILED,
-            True,
-            reason,
-            f"not started within spec.runPolicy.startTimeoutSeconds={policy.start_timeout_seconds}: {detail}",
-        )
-    return None
+    when = (
+        "not started" if waiting <= record.started_at else f"not running again since {rfc3339(waiting)}, and"
+    )
+    return Condition(
+        RunCondition.FAILED,
+        True,
+        reason,
+        f"{when} within spec.runPolicy.startTimeoutSeconds={policy.start_timeout_seconds}: {detail}",
+    )
 
 
-def _run_context(context: OperatorContext, body: Manifest, spec: TrainingRunSpec) -> RunContext:
+def _run_context(
+    context: OperatorContext,
+    body: Manifest,
+    spec: TrainingRunSpec,
+    prefix: str,
+    resume_from: str | None,
+    artifacts_keys: tuple[str, ...],
+) -> RunContext:
     meta = body["metadata"]
-    # The uid keeps a run recreated under the same name from resuming its predecessor's checkpoints
-    # (the trainer resumes from the newest checkpoint under its prefix after any restart).
-    prefix = spec.checkpoint.prefix or (
-        f"s3://{context.config.artifacts_bucket}/{meta['namespace']}/{meta['name']}/{meta['uid']}/checkpoints"
-    )
+    image = (meta.get("annotations") or {}).get(TRAINER_IMAGE_ANNOTATION)
     return RunContext(
         name=meta["name"],
         namespace=meta["namespace"],
         uid=meta["uid"],
-        image=(meta.get("annotations") or {}).get(
-            "cuda-agent.io/trainer-image", context.config.trainer_image
-        ),
+        image=image if image in context.config.allowed_trainer_images else context.config.trainer_image,
         artifacts_secret=context.config.artifacts_secret,
         checkpoint_prefix=prefix,
         otel_endpoint=context.config.otel_endpoint,
-        resume_from=(body.get("status") or {}).get("lastCheckpoint"),
+        resume_from=resume_from,
         pod_annotations=context.config.trainer_pod_annotations,
         pool=_observed_pool(context, meta["namespace"], spec),
+        artifacts_keys=artifacts_keys,
     )
+
+
+def _bare_run(body: Manifest) -> RunContext:
+    """Enough of a run to stop its compute (a spec this operator cannot read)."""
+    meta = body["metadata"]
+    return RunContext(meta["name"], meta["namespace"], meta["uid"], "", "", "", None, None)
 
 
 def _observed_pool(context: OperatorContext, namespace: str, spec: TrainingRunSpec) -> SandboxPoolSpec | None:
@@ -478,25 +668,6 @@ def _observed_pool(context: OperatorContext, namespace: str, spec: TrainingRunSp
         return None
 
 
-def _ended(status: Manifest) -> Condition | None:
-    """The Succeeded or Failed condition of a run that has ended, as the status records it."""
-    for kind in TERMINAL:
-        found = find(status.get("conditions"), kind)
-        if found is not None and found.get("status") == "True":
-            return Condition(kind, True, str(found.get("reason")), str(found.get("message") or ""))
-    return None
-
-
-def _previous_status(context: OperatorContext, key: Key, body: Manifest) -> Manifest:
-    """The run's status with the operator's own fields as this process last wrote them: the watch may
-    not show that write yet, and a pass must never act on an older picture (restart an ended run)."""
-    status = dict(body.get("status") or {})
-    _, written = context.status_written.get(key, (0.0, {}))
-    if context.written_uids.get(key) != body["metadata"].get("uid"):
-        return status  # a run deleted and created again under the same name starts from its own status
-    return {**status, **written}
-
-
 async def _write_status(
     context: OperatorContext,
     body: Manifest,
@@ -507,11 +678,12 @@ async def _write_status(
     start_time: str | None,
     created: Sequence[str] = (),
     removed: Sequence[str] = (),
-) -> None:
-    """The pass's one status write (operator-owned fields only), skipped when nothing changed; then
-    an Event per transition and one log line."""
+) -> bool:
+    """The pass's one status write (operator-owned fields only), skipped when the apiserver already
+    holds it (a value forged since the operator's last write is written over); then an Event per
+    transition and one log line. False when the write was refused."""
     key = (ref.kind, ref.namespace, ref.name)
-    previous = _previous_status(context, key, body)
+    previous, _ = context.basis(key, body)
     phase, decided = decide_conditions(state)
     status = TrainingRunStatus(observed_generation=generation, phase=phase).model_dump(
         by_alias=True, exclude_none=True, mode="json", include={"observed_generation", "phase"}
@@ -525,14 +697,13 @@ async def _write_status(
     else:
         context.queued_runs.discard(key)
     changes = changed_fields(previous, status)
-    if changes:
+    if changes or _foreign(previous.get("conditions"), status["conditions"]):
         try:
-            await context.kube.merge_patch(ref, {"status": status}, subresource="status")
+            answer = await context.kube.merge_patch(ref, {"status": status}, subresource="status")
         except KubeError as error:
             log.warning("status of TrainingRun %s/%s not written: %s", ref.namespace, ref.name, error)
-            return
-        context.status_written[key] = (time.monotonic(), status)
-        context.written_uids[key] = body["metadata"].get("uid", "")
+            return False
+        context.wrote(key, body, answer, status=status)
         events = condition_events(previous, status, _is_problem)
         if "phase" in changes:  # the phase's Event tells what its condition's Event would repeat
             events = [e for e in events if e.reason != str(phase)]
@@ -541,6 +712,15 @@ async def _write_status(
             events.insert(0, Event(phase == RunPhase.FAILED, str(phase), f"phase {phase}: {detail}"))
         await post(context, body, events)
     log_pass(ref.kind, ref.namespace, ref.name, created=list(created), removed=list(removed), **changes)
+    return True
+
+
+def _foreign(before: object, after: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the stored conditions hold more than the operator writes (types it does not own, or a
+    changed message), which `changed_fields` does not show."""
+    if not isinstance(before, list):
+        return before is not None
+    return [dict(c) for c in before if isinstance(c, Mapping)] != [dict(c) for c in after]
 
 
 # The condition whose message explains a phase (the phase's Event carries it).

@@ -39,6 +39,7 @@ class PodView:
     waiting: str | None = None  # why a container is not running, e.g. "ImagePullBackOff: Back-off ..."
     node: str | None = None  # where the scheduler placed it
     gpus: int = 0  # nvidia.com/gpu requested by its containers
+    created: str | None = None  # metadata.creationTimestamp (set by the apiserver, never by a writer)
 
     @property
     def waiting_reason(self) -> str | None:
@@ -75,6 +76,7 @@ class PodView:
             waiting=_waiting(status),
             node=(body.get("spec") or {}).get("nodeName") or None,
             gpus=pod_gpus(body),
+            created=meta.get("creationTimestamp"),
         )
 
     @property
@@ -145,6 +147,7 @@ class ChildView:
     spec_hash: str | None
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
+    created: str | None = None  # metadata.creationTimestamp
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> ChildView:
@@ -157,4 +160,5 @@ class ChildView:
             spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH),
             spec=dict(spec) if isinstance(spec, Mapping) else {},
             status=dict(body.get("status") or {}),
+            created=meta.get("creationTimestamp"),
         )
