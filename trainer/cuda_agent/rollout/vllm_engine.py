@@ -22,6 +22,7 @@ tests/rollout/test_vllm_cpu.py), never in the project venv.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from typing import Any, Literal
 
@@ -120,6 +121,10 @@ class VLLMEngine:
             extra.setdefault("max_num_batched_tokens", config.max_model_len)
         if config.weight_transfer is not None:
             extra.setdefault("weight_transfer_config", {"backend": config.weight_transfer})
+        if config.weight_transfer == "ipc":
+            # CUDA IPC handles hold torch types, which vLLM's msgpack RPC to its engine core carries only
+            # as pickles; the RPC is between this engine's own processes.
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         args = AsyncEngineArgs(
             model=config.model,
             dtype=config.dtype,

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+COLOCATED_GPU_MEMORY = 0.3  # share of a GPU's memory a colocated vLLM engine may take
+
 
 def engines_unavailable(workers: Any) -> str | None:
     """Why this run cannot use vLLM engines on Ray (None when it can)."""
@@ -70,6 +72,10 @@ class EngineRollout:
         if engine == "vllm":
             backend = {"cuda_ipc": "ipc", "nccl": "nccl"}.get(transport)
             fields = {"weight_transfer": backend, "load_format": "dummy"}
+            if colocated:
+                # The roles train on the same GPUs while the engine keeps its weights and KV cache (vLLM's
+                # sleep mode is not used): leave them most of the memory. A starting point, not measured.
+                fields["gpu_memory_utilization"] = COLOCATED_GPU_MEMORY
         configs = rollout_engine_configs(spec, spec.model.base, **fields)
         handles = start_engines(
             configs, placement, share, workers.gpus, engine, list(self.codec.stop_token_ids)
