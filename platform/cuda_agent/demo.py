@@ -198,6 +198,7 @@ def summary(run: dict[str, Any], seen: Observation, run_dir: Path, minio: LocalM
             lines.append(f"{condition['type']}: {condition.get('reason')} {condition.get('message', '')}")
     lines.append(_trend("mean reward", seen.rewards))
     lines.append(_trend("pass rate", seen.pass_rates))
+    lines += _trainer_report(run_dir)
     if status.get("lastCheckpoint"):
         lines.append(f"last checkpoint: {status['lastCheckpoint']}")
     lines.append(f"run directory: {run_dir} (run.yaml, trainer.log, sandbox.log and what the trainer wrote)")
@@ -209,6 +210,22 @@ def summary(run: dict[str, Any], seen: Observation, run_dir: Path, minio: LocalM
     if minio is not None:
         lines += _artifacts(minio, run)
     return "\n".join(lines)
+
+
+def _trainer_report(run_dir: Path) -> list[str]:
+    """The trainer's own verdict (summary.json in the run directory): the trend test over PPO steps and how
+    far the warm-up stages moved their fits. The lines above are only what the demo saw in status."""
+    path = run_dir / "summary.json"
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return [f"trainer report: {path} not written (the trainer did not finish)"]
+    lines = [f"PPO reward trend (trainer's test over its steps): {report['ppo_reward_trend']['verdict']}"]
+    for stage, fit in report.get("warmup", {}).items():
+        moved = ", ".join(f"{k} {v:.4g}" for k, v in fit.items())
+        lines.append(f"warm-up {stage}: {moved}")
+    lines.append(f"reward curve: {run_dir / 'curves.png'}")
+    return lines
 
 
 def _trend(name: str, reports: Sequence[tuple[int, float]]) -> str:
@@ -223,8 +240,7 @@ def _trend(name: str, reports: Sequence[tuple[int, float]]) -> str:
     first, last = points[0], points[-1]
     if len(points) == 1:
         return f"{name} {last[1]:.3f} at step {last[0]} (one report: no trend)"
-    verdict = "rose" if last[1] > first[1] else "did not rise"
-    return f"{name} {first[1]:.3f} at step {first[0]} -> {last[1]:.3f} at step {last[0]}: {verdict}"
+    return f"{name} {first[1]:.3f} at step {first[0]} -> {last[1]:.3f} at step {last[0]}"
 
 
 def _artifacts(minio: LocalMinio, run: dict[str, Any]) -> list[str]:

@@ -61,6 +61,9 @@ def run_document(tiny_model_dir: Path) -> Callable[..., dict[str, Any]]:
                 "microBatchTokens": 96,
                 "logitsChunkTokens": 16,
                 "useRay": False,
+                # One optimizer step per PPO step: test_ppo_step's plain reference writes one step. The
+                # learning tests ask for the default (4) themselves.
+                "miniBatches": 1,
             },
         }
         for key, value in spec.items():

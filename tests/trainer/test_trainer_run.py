@@ -31,7 +31,7 @@ RUN_SPEC: dict[str, Any] = {
     "warmup": {
         "singleTurnPpo": {"enabled": True, "steps": 1, "maxContextTokens": 1024},
         "rft": {"enabled": True, "epochs": 1},
-        "valuePretraining": {"enabled": True, "steps": 1},
+        "valuePretraining": {"enabled": True, "maxEpochs": 1},
     },
     "agent": {"maxContextTokens": 1024},
 }
@@ -151,7 +151,7 @@ def test_cli_killed_mid_step_resumes_without_counting_an_episode_twice(
         "warmup": {
             "singleTurnPpo": {"enabled": False, "maxContextTokens": 1024},
             "rft": {"enabled": True},
-            "valuePretraining": {"enabled": True, "steps": 1},
+            "valuePretraining": {"enabled": True, "maxEpochs": 1},
         },
     }
     run_file = tmp_path / "run.yaml"

@@ -239,7 +239,20 @@ class RftWarmup(ApiModel):
         le=3,
         description="Keep trajectories whose milestone reward is at least this (1 = correct).",
     )
-    epochs: StrictInt = Field(default=1, ge=1, le=100, description="Passes over the kept trajectories.")
+    epochs: StrictInt = Field(default=3, ge=1, le=1000, description="Passes over the kept trajectories.")
+    learning_rate: StrictFloat = Field(
+        default=1e-5,
+        gt=0,
+        le=1,
+        description="Actor learning rate of this stage (supervised fine-tuning, not the PPO rate; verl's "
+        "SFT trainer default).",
+    )
+    mini_batch_episodes: StrictInt = Field(
+        default=16,
+        ge=1,
+        le=65_536,
+        description="Kept trajectories per optimizer step: each epoch takes ceil(kept / this) steps.",
+    )
     trajectories_uri: (
         Annotated[
             str,
@@ -266,7 +279,35 @@ class ValuePretrainingWarmup(ApiModel):
     not noise from an untrained value head."""
 
     enabled: StrictBool = Field(default=True, description="Run this stage.")
-    steps: StrictInt = Field(default=50, ge=1, le=100_000, description="Critic updates of the stage.")
+    max_epochs: StrictInt = Field(
+        default=20,
+        ge=1,
+        le=10_000,
+        description="Passes over the warm-up trajectories at most; the stage ends earlier when explained "
+        "variance stops improving.",
+    )
+    patience: StrictInt = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="Stop after this many passes in a row that neither raise explained variance by "
+        "minImprovement nor lower the mean squared value error by that fraction.",
+    )
+    min_improvement: StrictFloat = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Smallest rise of explained variance (or relative fall of the value error) that counts.",
+    )
+    mini_batch_episodes: StrictInt = Field(
+        default=16, ge=1, le=65_536, description="Trajectories per critic optimizer step."
+    )
+    learning_rate: StrictFloat | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Critic learning rate of this stage; spec.algorithm.criticLearningRate when absent.",
+    )
 
 
 class WarmupSpec(ApiModel):
@@ -417,10 +458,12 @@ class TrainerSpec(ApiModel):
     )
     ppo_epochs: StrictInt = Field(default=1, ge=1, le=100, description="Passes over each rollout batch.")
     mini_batches: StrictInt = Field(
-        default=1,
+        default=4,
         ge=1,
         le=1024,
-        description="Optimizer steps per pass over a rollout batch (1 = one on-policy update per step).",
+        description="Optimizer steps per pass over a rollout batch. Every step after the first sees a "
+        "policy that already moved, so the clip range binds (verl: mini-batch 256 of a 1024 batch); 1 "
+        "makes every update on-policy and the clip inert.",
     )
     lr_warmup_steps: StrictInt = Field(
         default=0, ge=0, le=1_000_000, description="Optimizer steps of linear learning-rate warm-up."
@@ -541,6 +584,18 @@ class TrainingMetrics(ApiModel):
         ge=0,
         le=1,
         description="Fraction of episodes whose kernel beat torch.compile by the margin.",
+    )
+    clip_fraction: StrictFloat | None = Field(
+        default=None, ge=0, le=1, description="Share of policy tokens whose ratio the PPO clip bound."
+    )
+    approx_kl: StrictFloat | None = Field(
+        default=None, description="Mean log-ratio of the policy before and after the step's updates."
+    )
+    entropy: StrictFloat | None = Field(
+        default=None, ge=0, description="Mean per-token entropy of the policy on the batch."
+    )
+    explained_variance: StrictFloat | None = Field(
+        default=None, le=1, description="How much of the returns' variance the critic's values explain."
     )
 
 

@@ -50,11 +50,30 @@ WEIGHT_SYNC_SECONDS = Histogram(
     "cuda_agent_trainer_weight_sync_seconds", "actor -> rollout weight sync time", buckets=SYNC_BUCKETS
 )
 
+# How PPO and the warm-up stages move the policy and the critic: whether the clip binds, how far an
+# update moves the policy, how peaked it is, how well the critic fits, how far RFT brought the NLL.
+STEP_CLIP_FRACTION = Gauge(
+    "cuda_agent_trainer_clip_fraction", "share of policy tokens whose ratio the PPO clip bound", ["stage"]
+)
+STEP_APPROX_KL = Gauge(
+    "cuda_agent_trainer_approx_kl", "mean log-ratio of the policy before and after the step", ["stage"]
+)
+STEP_ENTROPY = Gauge("cuda_agent_trainer_entropy", "mean per-token policy entropy of the batch", ["stage"])
+STEP_EXPLAINED_VARIANCE = Gauge(
+    "cuda_agent_trainer_explained_variance", "explained variance of the critic's values", ["stage"]
+)
+STEP_NLL = Gauge("cuda_agent_trainer_nll", "token-mean NLL of the RFT set's policy tokens", ["stage"])
+
 # Step metric (the trainer's history key) -> gauge.
 _STEP_GAUGES = {
     "reward": STEP_REWARD,
     "pass_rate": STEP_PASS_RATE,
     "faster_than_compile_rate": STEP_FASTER_THAN_COMPILE,
+    "clip_fraction": STEP_CLIP_FRACTION,
+    "approx_kl": STEP_APPROX_KL,
+    "entropy": STEP_ENTROPY,
+    "explained_variance": STEP_EXPLAINED_VARIANCE,
+    "nll": STEP_NLL,
 }
 
 

@@ -17,15 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from opentelemetry import trace
+
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.api.run_contract import TrainerProgress
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRun, TrainingRunPhase
 from cuda_agent.runstatus import StatusWriter
 from cuda_agent.storage import join_uri, open_store
 from cuda_agent.telemetry import Stage, record_step, span
+from cuda_agent.telemetry.tracing import span_attributes
 from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
 from cuda_agent.trainer.data import TaskOrder
 from cuda_agent.trainer.event_loop import run_async
+from cuda_agent.trainer.experience import episode_from_trajectory
 from cuda_agent.trainer.report import write_report
 from cuda_agent.trainer.rollout import Rollout, RolloutRequest, learnable, rft_filter
 from cuda_agent.trainer.step import (
@@ -33,9 +37,11 @@ from cuda_agent.trainer.step import (
     CriticRole,
     NllRole,
     ReferenceRole,
+    policy_nll,
     ppo_step,
     rft_epoch,
-    value_pretraining_step,
+    value_pretraining_epoch,
+    value_targets,
 )
 from cuda_agent.trainer.weight_sync import WeightReceiver
 
@@ -66,6 +72,9 @@ class Workers(Protocol):
 
     def load(self, root: Path, uri: str) -> None: ...
     def sync_weights(self, receiver: WeightReceiver) -> dict[str, float]: ...
+
+    def reset_reference(self) -> None:
+        """The KL reference becomes the actor as it is now (after RFT); no-op without a reference."""
 
 
 class Stopped(Exception):
@@ -110,10 +119,11 @@ class Trainer:
             self.state.completed_stages.append(stage)
             self._checkpoint()
         report = write_report(self.state.history, self.checkpoints.prefix, self.report_dir)
-        trend = report["ppo_reward_rose"]
-        verdict = "too few PPO steps for a trend" if trend is None else ("rose" if trend else "did not rise")
+        verdict = report["ppo_reward_trend"]["verdict"]
         log.info("run report under %s/report: PPO reward %s", self.checkpoints.prefix, verdict)
-        self._report(TrainingRunPhase.SUCCEEDED, f"finished {self.state.ppo_step} PPO steps")
+        self._report(
+            TrainingRunPhase.SUCCEEDED, f"finished {self.state.ppo_step} PPO steps; PPO reward {verdict}"
+        )
         return self.state
 
     def _enabled(self, stage: str) -> bool:
@@ -185,26 +195,69 @@ class Trainer:
             self._report(self._phase(), f"rft: none of {len(source)} trajectories passed the filter; skipped")
             return
         while self.state.stage_step < rft.epochs:
-            with span(Stage.STEP, stage=self.state.stage, step=self.state.stage_step + 1):
-                self._report(
-                    self._phase(),
-                    f"rft epoch {self.state.stage_step + 1}/{rft.epochs} on {len(kept)} episodes",
-                )
+            epoch = self.state.stage_step + 1
+            with span(Stage.STEP, stage=self.state.stage, step=epoch):
+                self._report(self._phase(), f"rft epoch {epoch}/{rft.epochs} on {len(kept)} episodes")
+                before = self._kept_nll(kept) if epoch == 1 else None
                 metrics = rft_epoch(kept, self.workers.actor, self.spec, self._seed(self.state.stage_step))
+                if before is not None:
+                    metrics["nll_before"] = before
+                if epoch == rft.epochs:
+                    metrics["nll_after"] = self._kept_nll(kept)
                 metrics.update(self._sync_weights())
                 metrics["rft_kept"] = float(len(kept))
-                self._finish_step([], metrics, ppo=False)
+                self._finish_step([], metrics, ppo=False, trend_key="nll")
+        # The KL term then holds PPO near the fine-tuned policy, not near the base model RFT moved from.
+        self.workers.reset_reference()
+
+    def _kept_nll(self, kept: list[Trajectory]) -> float:
+        return policy_nll([episode_from_trajectory(t) for t in kept], self.workers.actor)
 
     def _value_stage(self) -> None:
-        steps = self.spec.warmup.value_pretraining.steps
-        trajectories = [t for t in self._rft_source() if learnable(t)]
-        while self.state.stage_step < steps:
-            with span(Stage.STEP, stage=self.state.stage, step=self.state.stage_step + 1):
-                self._report(self._phase(), f"value pretraining step {self.state.stage_step + 1}/{steps}")
-                metrics = value_pretraining_step(
-                    trajectories, self.workers.critic, self.spec, self._seed(self.state.stage_step)
+        vp = self.spec.warmup.value_pretraining
+        episodes = value_targets([t for t in self._rft_source() if learnable(t)])
+        if not episodes:
+            self._report(self._phase(), "value pretraining: no learnable warm-up trajectory; skipped")
+            return
+        while self.state.stage_step < vp.max_epochs and not self._value_converged():
+            epoch = self.state.stage_step + 1
+            with span(Stage.STEP, stage=self.state.stage, step=epoch):
+                self._report(self._phase(), f"value pretraining epoch {epoch} (at most {vp.max_epochs})")
+                metrics = value_pretraining_epoch(
+                    episodes, self.workers.critic, self.spec, self._seed(self.state.stage_step)
                 )
-                self._finish_step([], metrics, ppo=False)
+                self._finish_step([], metrics, ppo=False, trend_key="explained_variance")
+
+    def _value_converged(self) -> bool:
+        """True once `patience` epochs in a row improved the fit by less than minImprovement: explained
+        variance rose by less than that, and the mean squared value error fell by less than that fraction.
+        Both count: a fresh critic first learns the returns' mean, which explained variance does not see.
+        Read from the history, so a resumed run stops where it would have."""
+        vp = self.spec.warmup.value_pretraining
+        history = [h for h in self.state.history if h["stage"] == VALUE_PRETRAINING]
+        if not history:
+            return False
+        best_variance = float(history[0]["explained_variance_before"])
+        best_error = float(history[0]["value_error_before"])
+        stalled = 0
+        for entry in history:
+            variance, error = float(entry["explained_variance"]), float(entry["value_error"])
+            improved = (
+                variance - best_variance >= vp.min_improvement
+                or best_error - error >= vp.min_improvement * best_error
+            )
+            stalled = 0 if improved else stalled + 1
+            best_variance, best_error = max(best_variance, variance), min(best_error, error)
+        return stalled >= vp.patience
+
+    def _warmup_note(self, key: str) -> str:
+        """'nll 10.79 -> 0.52 over 3 epochs': the stage's first value before and its latest after."""
+        history = [h for h in self.state.history if h["stage"] == self.state.stage]
+        first = next((h[f"{key}_before"] for h in history if f"{key}_before" in h), None)
+        last = next((h.get(f"{key}_after", h.get(key)) for h in reversed(history)), None)
+        if first is None or last is None:
+            return ""
+        return f"{key.replace('_', ' ')} {first:.4g} -> {last:.4g} over {len(history)} epochs"
 
     # -- pieces ----------------------------------------------------------------------------------
     def _phase(self) -> TrainingRunPhase:
@@ -272,7 +325,13 @@ class Trainer:
         key = join_uri(self.checkpoints.prefix, relative)
         open_store(key).put_bytes(key, "".join(t.to_json() + "\n" for t in trajectories).encode())
 
-    def _finish_step(self, trajectories: list[Trajectory], metrics: dict[str, float], ppo: bool) -> None:
+    def _finish_step(
+        self,
+        trajectories: list[Trajectory],
+        metrics: dict[str, float],
+        ppo: bool,
+        trend_key: str | None = None,
+    ) -> None:
         stage = self.state.stage
         self.state.stage_step += 1
         if trajectories:
@@ -281,6 +340,8 @@ class Trainer:
         if ppo:
             self.state.ppo_step += 1
         self.state.history.append({"stage": stage, "step": self.state.stage_step, **metrics})
+        # The step's span (the caller's) carries its metrics, so a trace shows how each update went.
+        trace.get_current_span().set_attributes(span_attributes(metrics))
         record_step(
             stage,
             self.state.stage_step,
@@ -297,7 +358,10 @@ class Trainer:
         every = self.spec.checkpoint.every_steps
         if self.state.stage_step % every == 0:
             self._checkpoint()
-        self._report(self._phase(), f"{stage} step {self.state.stage_step} done", metrics)
+        message = f"{stage} step {self.state.stage_step} done"
+        if trend_key is not None:  # a warm-up stage says how far it moved its fit, in status and logs
+            message += f": {self._warmup_note(trend_key)}"
+        self._report(self._phase(), message, metrics)
         if self.suspend_requested():
             if self.state.stage_step % every != 0:
                 self._checkpoint()
@@ -315,6 +379,10 @@ class Trainer:
                 mean_reward=max(-1.0, min(3.0, metrics["reward"])),
                 pass_rate=metrics["pass_rate"],
                 faster_than_compile_rate=metrics["faster_than_compile_rate"],
+                clip_fraction=metrics.get("clip_fraction"),
+                approx_kl=metrics.get("approx_kl"),
+                entropy=metrics.get("entropy"),
+                explained_variance=_bounded(metrics.get("explained_variance"), high=1.0),
             )
         progress = TrainerProgress(
             phase=phase,
@@ -328,6 +396,10 @@ class Trainer:
             self.status.write(progress)
         except Exception:  # a status write must never kill training; the next report retries
             log.exception("status write failed")
+
+
+def _bounded(value: float | None, high: float) -> float | None:
+    return None if value is None else min(value, high)
 
 
 def history_value(state: TrainerState, stage: str, step: int, key: str) -> Any:

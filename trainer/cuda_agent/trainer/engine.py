@@ -152,6 +152,29 @@ class TrainEngine:
         self.module.train(mode)
 
     @contextmanager
+    def learning_rate(self, lr: float | None) -> Iterator[None]:
+        """Optimizer steps inside the block use `lr` (a warm-up stage's own rate), warm-up factor kept.
+        The scheduler's base rates are what LambdaLR multiplies at every step (DeepSpeed steps the same
+        scheduler), so both they and the current groups change, and both are restored on exit."""
+        if lr is None:
+            yield
+            return
+        scheduler: Any = self.scheduler
+        groups = scheduler.optimizer.param_groups
+        saved = list(scheduler.base_lrs), [g["lr"] for g in groups]
+        factor = groups[0]["lr"] / saved[0][0] if saved[0][0] else 1.0
+        scheduler.base_lrs = [lr] * len(groups)
+        for group in groups:
+            group["lr"] = lr * factor
+        try:
+            yield
+        finally:
+            factor = groups[0]["lr"] / lr
+            scheduler.base_lrs = saved[0]
+            for group, base in zip(groups, saved[0], strict=True):
+                group["lr"] = base * factor
+
+    @contextmanager
     def gathered(self, params: list[nn.Parameter]) -> Iterator[None]:
         """Full parameters inside the block (ZeRO-3 partitions them between forwards)."""
         if self._ds is not None and self._ds.zero_optimization_stage() == 3:

@@ -21,6 +21,7 @@ from cuda_agent.trainer.engine import TrainEngine
 from cuda_agent.trainer.experience import Episode, MicroBatch, collate, gather, pack_micro_batches, scatter
 from cuda_agent.trainer.models import Policy, build_critic, build_policy, build_reference
 from cuda_agent.trainer.sequence_parallel import sequence_layout
+from cuda_agent.trainer.weight_sync import load_bucket
 
 NamedTensors = list[tuple[str, torch.Tensor]]
 
@@ -180,22 +181,33 @@ class PolicyActor:
         return metrics
 
     def train_nll(
-        self, episodes: list[Episode], mini_batches: list[list[int]], plan: ShardPlan | None = None
+        self,
+        episodes: list[Episode],
+        mini_batches: list[list[int]],
+        plan: ShardPlan | None = None,
+        learning_rate: float | None = None,
     ) -> dict[str, float]:
-        """Rejection fine-tuning: token-mean negative log-likelihood of the policy tokens."""
+        """Rejection fine-tuning: token-mean negative log-likelihood of the policy tokens, one optimizer
+        step per mini-batch at `learning_rate` (the RFT stage's own; the PPO rate when None)."""
         self.engine.train(True)
         total, tokens = 0.0, 0
         norms: list[float] = []
         budget = self.spec.trainer.micro_batch_tokens
-        for batch, scale in _optimizer_steps(self.engine, episodes, mini_batches, budget, plan, norms):
-            logp, _ = self._logprobs(batch)
-            mask = self.layout.local(batch.mask)
-            loss_sum = -(logp * mask).sum()
-            self.engine.backward(loss_sum * scale)
-            total += float(loss_sum.detach())
-            tokens += int(mask.sum())
+        with self.engine.learning_rate(learning_rate):
+            for batch, scale in _optimizer_steps(self.engine, episodes, mini_batches, budget, plan, norms):
+                logp, _ = self._logprobs(batch)
+                mask = self.layout.local(batch.mask)
+                loss_sum = -(logp * mask).sum()
+                self.engine.backward(loss_sum * scale)
+                total += float(loss_sum.detach())
+                tokens += int(mask.sum())
         total, all_tokens = self.layout.sum([total, float(tokens)])
-        return {"nll": total / max(all_tokens, 1.0), "policy_tokens": all_tokens}
+        return {
+            "nll": total / max(all_tokens, 1.0),
+            "policy_tokens": all_tokens,
+            "actor_grad_norm": sum(norms) / max(len(norms), 1),
+            "optimizer_steps": float(len(norms)),
+        }
 
     def weight_buckets(self, bucket_bytes: int) -> Iterator[NamedTensors]:
         """The policy's full weights in buckets of about bucket_bytes (gathered under ZeRO-3)."""
@@ -262,29 +274,39 @@ class ValueCritic:
         return episodes
 
     def train_values(
-        self, episodes: list[Episode], mini_batches: list[list[int]], plan: ShardPlan | None = None
+        self,
+        episodes: list[Episode],
+        mini_batches: list[list[int]],
+        plan: ShardPlan | None = None,
+        learning_rate: float | None = None,
+        clip: bool = True,
     ) -> dict[str, float]:
+        """One optimizer step per mini-batch of the (clipped) value loss. Value pretraining passes its
+        own `learning_rate` and `clip=False`: it regresses onto fixed returns, with no rollout values
+        to stay near."""
         self.engine.train(True)
         t = self.spec.trainer
         total, clipped, tokens = 0.0, 0.0, 0
         norms: list[float] = []
         local = self.layout.local
-        for batch, scale in _optimizer_steps(
-            self.engine, episodes, mini_batches, t.micro_batch_tokens, plan, norms
-        ):
-            mask = local(batch.mask)
-            loss_sum, fraction = ppo.value_loss(
-                self._values(batch),
-                local(gather(episodes, batch, "values")),
-                local(gather(episodes, batch, "returns")),
-                mask,
-                t.value_clip,
-            )
-            self.engine.backward(loss_sum * scale)
-            weight = float(mask.sum())
-            total += float(loss_sum.detach())
-            clipped += float(fraction) * weight
-            tokens += int(weight)
+        value_clip = t.value_clip if clip else float("inf")
+        with self.engine.learning_rate(learning_rate):
+            for batch, scale in _optimizer_steps(
+                self.engine, episodes, mini_batches, t.micro_batch_tokens, plan, norms
+            ):
+                mask = local(batch.mask)
+                loss_sum, fraction = ppo.value_loss(
+                    self._values(batch),
+                    local(gather(episodes, batch, "values")),
+                    local(gather(episodes, batch, "returns")),
+                    mask,
+                    value_clip,
+                )
+                self.engine.backward(loss_sum * scale)
+                weight = float(mask.sum())
+                total += float(loss_sum.detach())
+                clipped += float(fraction) * weight
+                tokens += int(weight)
         total, clipped, all_tokens = self.layout.sum([total, clipped, float(tokens)])
         return {
             "value_loss": total / max(all_tokens, 1.0),
@@ -301,7 +323,8 @@ class ValueCritic:
 
 
 class Reference:
-    """The frozen initial policy; its log-probs give the KL term."""
+    """The frozen reference policy of the KL term: the base model until the RFT stage ends, then the
+    actor as RFT left it (the driver loads it with `update_weights`; checkpoints keep it)."""
 
     def __init__(
         self, spec: TrainingRunSpec, device: torch.device | None = None, model: nn.Module | None = None
@@ -323,3 +346,18 @@ class Reference:
             logp, _ = self.module(x.input_ids, x.attention_mask, x.position_ids, x.targets)
             scatter(episodes, batch, "ref_logprobs", self.layout.full(logp, batch.mask.shape[1]))
         return episodes
+
+    def update_weights(self, bucket: NamedTensors) -> None:
+        """Load one bucket of the actor's weights (Hugging Face names, as the rollout gets them)."""
+        assert isinstance(self.module, Policy)
+        load_bucket(self.module.lm, bucket)
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(self.module.state_dict(), directory / "reference.pt")
+
+    def load(self, directory: Path) -> None:
+        # A checkpoint written before the reference was saved (older runs) keeps the base weights.
+        if (directory / "reference.pt").exists():
+            state = torch.load(directory / "reference.pt", map_location="cpu", weights_only=True)
+            self.module.load_state_dict(state)

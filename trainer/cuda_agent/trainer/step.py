@@ -24,11 +24,20 @@ class ActorRole(Protocol):
 
 class CriticRole(Protocol):
     def compute_values(self, episodes: list[Episode]) -> list[Episode]: ...
-    def train_values(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]: ...
+    def train_values(
+        self,
+        episodes: list[Episode],
+        mini_batches: list[list[int]],
+        *,
+        learning_rate: float | None = None,
+        clip: bool = True,
+    ) -> dict[str, float]: ...
 
 
 class NllRole(Protocol):
-    def train_nll(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]: ...
+    def train_nll(
+        self, episodes: list[Episode], mini_batches: list[list[int]], *, learning_rate: float | None = None
+    ) -> dict[str, float]: ...
 
 
 class ReferenceRole(Protocol):
@@ -74,8 +83,11 @@ def compute_advantages(episodes: list[Episode], spec: TrainingRunSpec) -> dict[s
 
 def batch_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     n = len(episodes)
+    mean = sum(e.reward for e in episodes) / n
     return {
-        "reward": sum(e.reward for e in episodes) / n,
+        "reward": mean,
+        "reward_std": (sum((e.reward - mean) ** 2 for e in episodes) / n) ** 0.5,
+        "episodes_learned": float(n),
         "pass_rate": sum(e.passed for e in episodes) / n,
         "faster_than_compile_rate": sum(e.faster_than_compile for e in episodes) / n,
         "response_length": sum(float(e.mask.sum()) for e in episodes) / n,
@@ -132,37 +144,70 @@ def _merge(episodes: list[Episode], updated: list[Episode], name: str) -> list[E
     return episodes
 
 
+def mini_batch_count(count: int, episodes_per_step: int) -> int:
+    return max(1, -(-count // episodes_per_step))
+
+
+def policy_nll(episodes: list[Episode], actor: ActorRole) -> float:
+    """Token-mean negative log-likelihood of the policy tokens under the actor as it is now."""
+    scored = actor.compute_logprobs(episodes)
+    total = sum(float(-(e.old_logprobs * e.mask).sum()) for e in scored if e.old_logprobs is not None)
+    return total / max(sum(float(e.mask.sum()) for e in scored), 1.0)
+
+
 def rft_epoch(
     trajectories: Sequence[Trajectory], actor: NllRole, spec: TrainingRunSpec, epoch_seed: int
 ) -> dict[str, float]:
-    """One pass of rejection fine-tuning (token-mean NLL of the policy tokens) over the kept episodes."""
+    """One pass of rejection fine-tuning over the kept episodes: token-mean NLL of the policy tokens,
+    one optimizer step per `rft.miniBatchEpisodes` episodes, at the stage's own learning rate."""
+    rft = spec.warmup.rft
     clock = time.perf_counter()
     episodes = [episode_from_trajectory(t) for t in trajectories]
-    parts = mini_batch_split(len(episodes), min(spec.trainer.mini_batches, len(episodes)), epoch_seed)
-    metrics = actor.train_nll(episodes, parts)
+    parts = mini_batch_split(
+        len(episodes), mini_batch_count(len(episodes), rft.mini_batch_episodes), epoch_seed
+    )
+    metrics = actor.train_nll(episodes, parts, learning_rate=rft.learning_rate)
     metrics["actor_update_s"] = time.perf_counter() - clock
     metrics.update(batch_metrics(episodes))
     return metrics
 
 
-def value_pretraining_step(
-    trajectories: Sequence[Trajectory], critic: CriticRole, spec: TrainingRunSpec, step_seed: int
-) -> dict[str, float]:
-    """Fit the critic to Monte-Carlo returns (gamma = 1, terminal reward: the reward on every policy
-    token) with the actor frozen; values of this pass anchor the value clipping."""
-    clock = time.perf_counter()
-    episodes = critic.compute_values([episode_from_trajectory(t) for t in trajectories])
+def value_targets(trajectories: Sequence[Trajectory]) -> list[Episode]:
+    """Episodes with Monte-Carlo returns (gamma = 1, terminal reward: the reward on every policy token)."""
+    episodes = [episode_from_trajectory(t) for t in trajectories]
     for e in episodes:
         e.returns = e.reward * e.mask
-    width = max(e.length for e in episodes) - 1
-    mask = _stacked(episodes, "mask", width)
-    metrics = {
-        "explained_variance": ppo.explained_variance(
-            _stacked(episodes, "values", width), _stacked(episodes, "returns", width), mask
-        )
-    }
-    parts = mini_batch_split(len(episodes), min(spec.trainer.mini_batches, len(episodes)), step_seed)
-    metrics.update(critic.train_values(episodes, parts))
+    return episodes
+
+
+def value_fit(episodes: list[Episode], critic: CriticRole) -> tuple[float, float]:
+    """Explained variance and mean squared error of the critic's values (computed now, stored on the
+    episodes) against the returns, over policy tokens."""
+    scored = _merge(episodes, critic.compute_values(episodes), "values")
+    width = max(e.length for e in scored) - 1
+    values, returns = _stacked(scored, "values", width), _stacked(scored, "returns", width)
+    mask = _stacked(scored, "mask", width)
+    error = float(ppo.masked_mean((values - returns) ** 2, mask))
+    return ppo.explained_variance(values, returns, mask), error
+
+
+def value_pretraining_epoch(
+    episodes: list[Episode], critic: CriticRole, spec: TrainingRunSpec, epoch_seed: int
+) -> dict[str, float]:
+    """One pass of critic regression onto Monte-Carlo returns with the actor frozen, in mini-batches of
+    `valuePretraining.miniBatchEpisodes`, unclipped (the targets are fixed, there are no rollout values
+    to stay near). Returns, besides the update's metrics, the explained variance and the mean squared value
+    error before and after the pass."""
+    vp = spec.warmup.value_pretraining
+    clock = time.perf_counter()
+    variance_before, error_before = value_fit(episodes, critic)
+    parts = mini_batch_split(
+        len(episodes), mini_batch_count(len(episodes), vp.mini_batch_episodes), epoch_seed
+    )
+    lr = vp.learning_rate or spec.algorithm.critic_learning_rate
+    metrics = critic.train_values(episodes, parts, learning_rate=lr, clip=False)
+    metrics["explained_variance_before"], metrics["value_error_before"] = variance_before, error_before
+    metrics["explained_variance"], metrics["value_error"] = value_fit(episodes, critic)
     metrics["critic_update_s"] = time.perf_counter() - clock
     metrics.update(batch_metrics(episodes))
     return metrics

@@ -26,10 +26,18 @@ class LocalWorkers:
     def save(self, root: Path, uri: str) -> None:
         self.actor.save(root / "actor")
         self.critic.save(root / "critic")
+        if self.reference is not None:
+            self.reference.save(root / "reference")
 
     def load(self, root: Path, uri: str) -> None:
         self.actor.load(root / "actor")
         self.critic.load(root / "critic")
+        if self.reference is not None:
+            self.reference.load(root / "reference")
 
     def sync_weights(self, receiver: WeightReceiver) -> dict[str, float]:
         return sync_weights(self.actor.weight_buckets(self.bucket_bytes), receiver)
+
+    def reset_reference(self) -> None:
+        if self.reference is not None:
+            self.sync_weights(self.reference)
