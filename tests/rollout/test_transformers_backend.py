@@ -125,8 +125,13 @@ def test_router_is_least_loaded_then_sticky_and_fans_out_weight_updates(tiny_mod
 
     # Broadcast the fixture model's weights in two buckets: both engines then generate like it.
     named = list(tiny_model.state_dict().items())
-    sent = asyncio.run(router.update_weights([named[: len(named) // 2], named[len(named) // 2 :]]))
-    assert sent == 2
+
+    async def update() -> None:  # the trainer's sync: bucket by bucket, then finish
+        for bucket in (named[: len(named) // 2], named[len(named) // 2 :]):
+            await router.update_weights(bucket)
+        await router.finish_weight_update()
+
+    asyncio.run(update())
     expected = asyncio.run(TransformersBackend(tiny_model, [EOS]).generate(prompt, greedy)).token_ids
     assert [asyncio.run(e.generate(prompt, greedy)).token_ids for e in engines] == [expected, expected]
 
