@@ -28,17 +28,34 @@ def _chunk_stats(
 
 
 def token_logprobs(
-    hidden: torch.Tensor, head: Head, targets: torch.Tensor, chunk_tokens: int
+    hidden: torch.Tensor,
+    head: Head,
+    targets: torch.Tensor,
+    chunk_tokens: int,
+    select: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of `targets` and the policy's entropy at each position, both fp32 [batch, tokens].
 
     `hidden` is [batch, tokens, hidden]; `targets` [batch, tokens] holds the token that follows each
     position. Entropy is a metric (no gradient). With gradients enabled each chunk is checkpointed, so the
     backward recomputes its logits instead of keeping them.
+
+    `select` ([batch, tokens], bool) limits the head to those positions (the policy tokens: prompts and
+    tool output carry no loss, and an agent's episode is mostly tool output); the others read 0.
     """
     batch, length, width = hidden.shape
     flat_hidden = hidden.reshape(batch * length, width)
     flat_targets = targets.reshape(batch * length)
+    if select is not None and bool(select.any()):
+        index = select.reshape(batch * length).nonzero().squeeze(1)
+        logp, entropy = token_logprobs(
+            flat_hidden[index][None], head, flat_targets[index][None], chunk_tokens
+        )
+        zeros = torch.zeros(batch * length, dtype=logp.dtype, device=logp.device)
+        return (
+            zeros.index_copy(0, index, logp[0]).view(batch, length),
+            zeros.index_copy(0, index, entropy[0]).view(batch, length),
+        )
     logps, entropies = [], []
     for start in range(0, batch * length, chunk_tokens):
         h = flat_hidden[start : start + chunk_tokens]

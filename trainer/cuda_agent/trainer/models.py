@@ -132,7 +132,8 @@ class Policy(nn.Module):
     hidden states in chunks (the whole computation is one forward, as DeepSpeed's engine expects).
 
     Given `targets` (a sequence-parallel slice: `position_ids` global, targets the token after each
-    position), every position is scored; otherwise all but the last, against the following ids."""
+    position), every position is scored; otherwise all but the last, against the following ids. With
+    `select` only the selected positions go through the LM head (the others read 0)."""
 
     def __init__(self, lm: PreTrainedModel, chunk_tokens: int) -> None:
         super().__init__()
@@ -145,12 +146,13 @@ class Policy(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
+        select: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = hidden_states(backbone_of(self.lm), input_ids, attention_mask, position_ids)
         if targets is None:
             hidden, targets = hidden[:, :-1], input_ids[:, 1:]
         head = self.lm.get_output_embeddings()  # type: ignore[no-untyped-call]
-        return token_logprobs(hidden, head, targets, self.chunk_tokens)
+        return token_logprobs(hidden, head, targets, self.chunk_tokens, select)
 
     def hf_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Parameters under the Hugging Face names a rollout engine loads them by."""

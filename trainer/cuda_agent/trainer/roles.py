@@ -116,6 +116,7 @@ class PolicyActor:
             sequence_parallel=spec.resources.sequence_parallel_size > 1,
         )
         self.layer_plan = LayerPlan(self.engine.module, t, t.logits_chunk_tokens)
+        self.select_policy_positions = t.engine == "torch" or t.zero_stage < 3
 
     @property
     def module(self) -> nn.Module:
@@ -127,7 +128,11 @@ class PolicyActor:
         x = self.layout.inputs(batch)
         if torch.is_grad_enabled():
             self.layer_plan.before_forward(x.input_ids.numel(), self.engine.pending_bytes())
-        logp, entropy = self.engine.forward(x.input_ids, x.attention_mask, x.position_ids, x.targets)
+        # Only policy positions reach the LM head (every use of these log-probs is masked), except under
+        # ZeRO-3: there each call of the partitioned head gathers it, a collective, and the number of head
+        # chunks must not depend on how many policy tokens each rank holds.
+        select = self.layout.local(batch.mask) > 0 if self.select_policy_positions else None
+        logp, entropy = self.engine.forward(x.input_ids, x.attention_mask, x.position_ids, x.targets, select)
         return logp, entropy
 
     @torch.no_grad()
@@ -343,7 +348,8 @@ class Reference:
         t = self.spec.trainer
         for batch in _micro_batches(episodes, range(len(episodes)), t.micro_batch_tokens, self.device):
             x = self.layout.inputs(batch)
-            logp, _ = self.module(x.input_ids, x.attention_mask, x.position_ids, x.targets)
+            select = self.layout.local(batch.mask) > 0
+            logp, _ = self.module(x.input_ids, x.attention_mask, x.position_ids, x.targets, select)
             scatter(episodes, batch, "ref_logprobs", self.layout.full(logp, batch.mask.shape[1]))
         return episodes
 
