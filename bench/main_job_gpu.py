@@ -1,7 +1,12 @@
 """The main job on one GPU, the local executor's way (issue 29, item 4).
 
-    python3 bench/main_job_gpu.py --out $OUT                       # one H200: the whole job, ~9 minutes
-    python3 bench/main_job_gpu.py --model tiny --ppo-steps 1 ...   # a CPU smoke run of the same path
+    python3 bench/main_job_gpu.py --out $OUT      # one H200: the whole job, 7 minutes (docs/performance.md)
+    python3 bench/main_job_gpu.py --model tiny --scale small --ppo-steps 1 --batch 2 \
+        --demo-tasks row_sum,row_max --deadline 1500    # a CPU smoke run of the same path (10 min here)
+
+On the GPU host the package and the carried wheels go to a world-readable directory named by a `.pth` file
+in the interpreter's site-packages (docs/performance.md has the command): the server's judges run as other
+users and start `python -I`, so neither the checkout under the caller's home nor PYTHONPATH reaches them.
 
 What runs is what `cuda-agent operator --executor local` starts for a TrainingRun, without the control
 plane (no apiserver on the GPU host): a sandbox server with the config the run's SandboxPool gives its
@@ -19,8 +24,9 @@ The demonstrations are the tasks' CUDA reference solutions replayed through the 
 the same server (cuda_agent.trainer.demonstrations), judged on the GPU, before the trainer starts; they
 are generated at a longer context (`--demo-context`) than the PPO episodes (`--context`): a random-init
 policy never stops on its own, so every PPO episode fills its context, and generation time is what the
-PPO context buys. RFT, value pretraining and PPO use the trainer's defaults (issue 28) except where the
-flags below say otherwise.
+PPO context buys. RFT, value pretraining and PPO use the trainer's defaults (issue 28) except value
+pretraining's pass limit (`--value-epochs`, 5: 20 passes over 4 demonstrations cost 37 s and 4 checkpoints
+of one H200 call's 10 minutes) and what the flags below say.
 
 Measured per stage, from the run's own records: the trainer's and the server's OpenTelemetry spans (file
 exporter: run > step > episode > turn > generate | tool_call | judge > judge_run > build | verify |
@@ -57,7 +63,7 @@ TASKS = REPO / "examples" / "tasks"
 TOKENIZER = REPO / "examples" / "models" / "tiny-smollm2"
 # Demonstrations whose prompt and CUDA solution fit --demo-context (SmolLM2 tokens: prompt ~2.2k with four
 # tools, solution 1.5-1.9k), shortest first.
-DEMO_TASKS = "row_sum,row_max,gelu_sigmoid,cumsum,mean_dim1,relu_mul_add"
+DEMO_TASKS = "row_sum,row_max,gelu_sigmoid,cumsum"
 SHAPES: dict[str, dict[str, Any]] = {
     # Qwen2-0.5B's shape (24 layers, hidden 896, 14 query / 2 key-value heads) with SmolLM2's vocabulary.
     "0.5b": {
@@ -161,7 +167,10 @@ def documents(args: argparse.Namespace, model: Path, tasks: Path, demos: Path) -
             "warmup": {
                 "singleTurnPpo": {"enabled": False, "maxContextTokens": min(args.context, 2048)},
                 "rft": rft,
-                "valuePretraining": {"enabled": True},
+                "valuePretraining": {
+                    "enabled": True,
+                    **({"maxEpochs": args.value_epochs} if args.value_epochs else {}),
+                },
             },
             "resources": {"trainerGpus": 1, "rolloutGpus": 0},
             # A checkpoint at the end of each stage only (0.5B actor + critic + AdamW: ~9 GB each).
@@ -547,14 +556,20 @@ def main() -> int:
     parser.add_argument(
         "--turns", type=int, default=1, help="maxTurnsTrain (demonstrations: write, then judge)"
     )
-    parser.add_argument("--context", type=int, default=2688, help="maxContextTokens of the PPO episodes")
+    parser.add_argument("--context", type=int, default=2432, help="maxContextTokens of the PPO episodes")
     parser.add_argument(
         "--demo-context", type=int, default=4224, help="maxContextTokens of the demonstrations"
     )
     parser.add_argument("--demo-tasks", default=DEMO_TASKS, help="comma-separated tasks to demonstrate")
     parser.add_argument("--rft-epochs", type=int, default=None, help="default: the trainer's")
     parser.add_argument(
-        "--deadline", type=float, default=560.0, help="seconds from start; the trainer is stopped"
+        "--value-epochs",
+        type=int,
+        default=5,
+        help="valuePretraining.maxEpochs (0: the trainer's default, 20)",
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=565.0, help="seconds from start; the trainer is stopped"
     )
     args = parser.parse_args()
     begun = time.monotonic()
