@@ -92,12 +92,14 @@ def test_rendered_chart_passes_a_server_side_dry_run(
         assert proc.returncode == 0, f"{name}: {proc.stderr}"
         if name == "gpu-cluster-example":
             assert proc.stdout.count("sandboxpool.cuda-agent.io/") == 3, proc.stdout
-    # Every long-running pod but the seccomp installer (a hostPath) passes Pod Security "restricted".
+    # Every pod but the seccomp installer's (a hostPath) passes Pod Security "restricted": the long-running
+    # ones and the MinIO tenants Job's.
     rendered = objects_of(helm("template", "rel", str(CHART), "-n", restricted, *EVERYTHING).stdout)
     kube_cluster.kubectl(
         "-n", restricted, "create", "serviceaccount", find(rendered, "ServiceAccount")["metadata"]["name"]
     )
-    for deployment in (o for o in rendered if o["kind"] == "Deployment"):
+    assert [o for o in rendered if o["kind"] == "Job"], "the MinIO tenants Job"
+    for deployment in (o for o in rendered if o["kind"] in ("Deployment", "Job")):
         template = deployment["spec"]["template"]
         pod = {
             "apiVersion": "v1",

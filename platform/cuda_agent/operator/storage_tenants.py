@@ -46,7 +46,7 @@ def tenant_policy(bucket: str, namespace: str) -> dict[str, Any]:
             {"Effect": "Allow", "Action": ["s3:GetBucketLocation"], "Resource": [bucket_arn]},
             {
                 "Effect": "Allow",
-                "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads"],
+                "Action": ["s3:ListBucket"],
                 "Resource": [bucket_arn],
                 "Condition": {"StringLike": {"s3:prefix": [f"{namespace}/*"]}},
             },
