@@ -414,7 +414,9 @@ def test_the_trainer_account_cannot_write_the_operators_record(namespace: Namesp
     namespace.kubectl("create", "serviceaccount", "run-trainer")
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "run-trainer"},
-        "rules": [{"apiGroups": ["cuda-agent.io"], "resources": ["trainingruns/status"], "verbs": ["get", "patch"]}],
+        "rules": [
+            {"apiGroups": ["cuda-agent.io"], "resources": ["trainingruns/status"], "verbs": ["get", "patch"]}
+        ],
     }  # fmt: skip
     namespace.apply(role)
     namespace.kubectl(
