@@ -152,7 +152,9 @@ class RoleGroup:
         return self._map("compute_values", episodes)
 
     # -- updates: every rank takes part in every optimizer step ------------------------------------
-    def _train(self, method: str, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
+    def _train(
+        self, method: str, episodes: list[Episode], mini_batches: list[list[int]], *options: Any
+    ) -> dict[str, float]:
         budget = self.spec.trainer.micro_batch_tokens
         per_group: list[tuple[list[Episode], list[list[int]]]] = [([], []) for _ in range(self.dp)]
         tokens, counts = [], []
@@ -168,7 +170,9 @@ class RoleGroup:
         plan = ShardPlan(tokens, counts, self.dp)
         results: list[dict[str, float]] = ray.get(
             [
-                w.call.remote(method, *per_group[rank // self.sp], plan, trace_context=inject_context())
+                w.call.remote(
+                    method, *per_group[rank // self.sp], plan, *options, trace_context=inject_context()
+                )
                 for rank, w in enumerate(self.workers)
             ]
         )
@@ -177,11 +181,24 @@ class RoleGroup:
     def train_ppo(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
         return self._train("train_ppo", episodes, mini_batches)
 
-    def train_nll(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
-        return self._train("train_nll", episodes, mini_batches)
+    def train_nll(
+        self, episodes: list[Episode], mini_batches: list[list[int]], *, learning_rate: float | None = None
+    ) -> dict[str, float]:
+        return self._train("train_nll", episodes, mini_batches, learning_rate)
 
-    def train_values(self, episodes: list[Episode], mini_batches: list[list[int]]) -> dict[str, float]:
-        return self._train("train_values", episodes, mini_batches)
+    def train_values(
+        self,
+        episodes: list[Episode],
+        mini_batches: list[list[int]],
+        *,
+        learning_rate: float | None = None,
+        clip: bool = True,
+    ) -> dict[str, float]:
+        return self._train("train_values", episodes, mini_batches, learning_rate, clip)
+
+    def update_weights(self, bucket: NamedTensors) -> None:
+        """One bucket of weights into every rank (the reference group takes the actor's after RFT)."""
+        ray.get([w.call.remote("update_weights", bucket) for w in self.workers])
 
     def save(self, uri: str) -> None:
         # Ranks may sit on other machines: each saves locally and uploads to the checkpoint's storage.
@@ -287,10 +304,19 @@ class RayWorkers:
     def save(self, root: Path, uri: str) -> None:
         self.actor.save(join_uri(uri, "actor") + "/")
         self.critic.save(join_uri(uri, "critic") + "/")
+        if self.reference is not None:
+            self.reference.save(join_uri(uri, "reference") + "/")
 
     def load(self, root: Path, uri: str) -> None:
         self.actor.load(join_uri(uri, "actor") + "/")
         self.critic.load(join_uri(uri, "critic") + "/")
+        if self.reference is not None:
+            self.reference.load(join_uri(uri, "reference") + "/")
+
+    def reset_reference(self) -> None:
+        """The reference group takes the actor's weights, bucket by bucket through the driver."""
+        if self.reference is not None:
+            sync_weights(self._streamed_buckets(), self.reference)
 
     def sync_weights(self, receiver: WeightReceiver) -> dict[str, float]:
         """The actor's weights into the rollout. Engines on Ray (a rollout with `engine_group`) get them
