@@ -357,8 +357,9 @@ def test_a_run_whose_pool_or_secret_is_gone_still_honours_suspend_and_its_deadli
         ),
         "the missing pool to be reported",
     )
-    assert "keeps its GPUs" in blocked["message"]
+    # The status says what runs (not Pending): the compute keeps its GPUs until something ends it.
     assert status(namespace, "timed")["phase"] == "WarmingUp" and len(pods_of(namespace, "timed")) == 3
+    assert "keeps its GPUs" in blocked["message"]
     # A deadline set (or reached) while the pool is gone still ends the run and releases its GPUs.
     policy = {"spec": {"runPolicy": {"startTimeoutSeconds": 1, "activeDeadlineSeconds": 2}}}
     namespace.kubectl("patch", "trainingrun", "timed", "--type=merge", "-p", json.dumps(policy))
@@ -383,25 +384,25 @@ def test_a_drain_mark_without_a_time_zone_does_not_crash_loop_the_pool(
         lambda: (namespace.get("sandboxpool", "pool").get("status") or {}).get("readyReplicas") == 2,
         "2 ready",
     )
+
+    def mark() -> str | None:
+        annotations = namespace.get("pod", "pool-1")["metadata"].get("annotations") or {}
+        return annotations.get("cuda-agent.io/drain-since")
+
+    # Scaled down, pool-1 drains (its pod does not report its sessions: the grace period holds it).
+    namespace.kubectl("patch", "sandboxpool", "pool", "--type=merge", "-p", '{"spec":{"replicas":1}}')
+    wait_for(mark, "pool-1's drain mark")
+    # Someone who may edit pods rewrites the mark without a zone: not a clock that started. The operator
+    # starts it again, with a zone, and keeps draining; it does not crash-loop on the comparison.
     namespace.kubectl(
         "annotate", "--overwrite", "pod", "pool-1", "cuda-agent.io/drain-since=2026-01-01T00:00:00"
     )
-    namespace.kubectl("patch", "sandboxpool", "pool", "--type=merge", "-p", '{"spec":{"replicas":1}}')
-    # The mark is not a clock that started: the operator starts it again (with a zone) and waits.
-    mark = wait_for(
-        lambda: (
-            (
-                v := namespace.get("pod", "pool-1")["metadata"]
-                .get("annotations", {})
-                .get("cuda-agent.io/drain-since")
-            )
-            and v.endswith("Z")
-            and v
-        ),
+    rewritten = wait_for(
+        lambda: (value := mark()) and value.endswith("Z") and value,
         "the drain mark to be rewritten",
         timeout=30,
     )
-    assert datetime.fromisoformat(mark.replace("Z", "+00:00")).tzinfo is not None
+    assert datetime.fromisoformat(rewritten.replace("Z", "+00:00")).tzinfo is not None
     scaling = namespace.condition("sandboxpool/pool", "Scaling")
     assert scaling is not None and scaling["reason"] == "Draining"
     assert not namespace.events("ReconcileError")
