@@ -14,7 +14,7 @@ from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator.conditions import Condition
 from cuda_agent.operator.executor import Compute
 from cuda_agent.operator.run_children import RunContext
-from cuda_agent.operator.run_reconciler import decide_failure
+from cuda_agent.operator.run_reconciler import decide_failure, timed
 from cuda_agent.operator.run_record import RunRecord
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -83,3 +83,19 @@ def test_without_the_operators_record_of_an_admission_nothing_is_timed() -> None
 
 def test_a_finished_trainer_succeeds_even_past_its_deadline() -> None:
     assert failure(compute(True, "complete"), 7200) is None
+
+
+def test_the_record_times_a_run_from_its_admission_and_its_compute_from_when_it_stopped() -> None:
+    earlier = NOW - timedelta(minutes=30)
+    fresh = timed(RunRecord(), holds=True, fresh=True, since=earlier, running=False, now=NOW)
+    assert fresh == RunRecord(started_at=NOW, waiting_since=NOW)  # admitted now, not running yet
+    running = timed(fresh, holds=True, fresh=True, since=earlier, running=True, now=NOW)
+    assert running == RunRecord(started_at=NOW)
+    later = NOW + timedelta(minutes=5)
+    stalled = timed(running, holds=True, fresh=False, since=earlier, running=False, now=later)
+    assert stalled == RunRecord(started_at=NOW, waiting_since=later)  # the deadline keeps counting
+    # Compute found without a record: from its oldest part's creation, not from now.
+    found = timed(RunRecord(), holds=True, fresh=False, since=earlier, running=True, now=NOW)
+    assert found == RunRecord(started_at=earlier)
+    # Queued, suspended or ended: nothing is timed.
+    assert timed(stalled, holds=False, fresh=False, since=None, running=False, now=later) == RunRecord()

@@ -398,21 +398,17 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     if newly_ended:
         record = replace(record, ended=failure or _succeeded(step, spec))
     admitted = admission is not None and admission.status
-    if ended is not None or newly_ended or spec.suspend or not (admitted or (admission is None and existed)):
-        record = replace(record, started_at=None, waiting_since=None)  # deadlines count from a (re)start
-    elif record.started_at is None:
-        # Admitted now; or a blocked run's compute, or one an operator that lost the record finds
-        # running: counted from the oldest part of it the apiserver shows.
-        fresh = not existed or run.gang.mechanism
-        record = replace(record, started_at=now if fresh else compute.since or now)
+    holds = ended is None and not newly_ended and not spec.suspend
+    record = timed(
+        record,
+        holds=holds and (admitted or (admission is None and existed)),
+        fresh=not existed or bool(run.gang.mechanism),
+        since=compute.since,
+        running=compute.ready and compute.driver == "active",
+        now=now,
+    )
     if record.started_at is None:
         context.admitted.pop(key, None)
-    else:
-        running = compute.ready and compute.driver == "active"
-        if running:
-            record = replace(record, waiting_since=None)
-        elif record.waiting_since is None:
-            record = replace(record, waiting_since=now)
     if blocked is not None and compute.exists and ended is None:
         blocked = replace(
             blocked,
@@ -441,6 +437,23 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
     if suspend == "checkpointing":
         return CHECKPOINT_POLL_SECONDS
     return None if ended is not None else context.config.sync_period
+
+
+def timed(
+    record: RunRecord, *, holds: bool, fresh: bool, since: datetime | None, running: bool, now: datetime
+) -> RunRecord:
+    """When the run's deadline and start timeout count from after this pass (pure). Cleared while it
+    holds no admitted compute (queued, suspended, ended): they count from each (re)start. Set to the
+    admission's moment when `fresh`ly admitted; for compute found without a record (a blocked run's, or
+    one an operator that lost the record finds running), to the oldest part of it the apiserver shows
+    (`since`). Waiting since the moment the admitted compute is first seen not `running`."""
+    if not holds:
+        return replace(record, started_at=None, waiting_since=None)
+    if record.started_at is None:
+        record = replace(record, started_at=now if fresh else since or now)
+    if running:
+        return replace(record, waiting_since=None)
+    return record if record.waiting_since is not None else replace(record, waiting_since=now)
 
 
 async def _unreadable(
