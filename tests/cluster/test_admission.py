@@ -309,6 +309,22 @@ MALFORMED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         edited(RUN, spec__dataset={"uri": "s3://data/a%2F..%2Fb"}),
         ("spec.dataset.uri",),
     ),
+    # Issue 31, item 9: contradictory specs and pydantic looser than admission.
+    (
+        "run-checkpointed-layers-without-checkpointing",
+        edited(RUN, spec__trainer={"activationCheckpointing": False, "checkpointedLayers": 4}),
+        ("spec.trainer.checkpointedLayers", "activationCheckpointing: true"),
+    ),
+    (
+        "pool-cpu-only-with-gpu-product",
+        edited(POOL, spec__gpu={"count": 0, "product": "NVIDIA-H200"}),
+        ("spec.gpu.product", "unset when spec.gpu.count is 0"),
+    ),
+    (
+        "pool-export-traces-not-bool",
+        edited(POOL, spec__telemetry={"exportTraces": "yes"}),
+        ("spec.telemetry.exportTraces", "boolean"),
+    ),
 ]
 
 # Accepted: the forms the rules above must not catch.
@@ -325,6 +341,9 @@ WELL_FORMED: list[tuple[str, dict[str, Any]]] = [
     ("pool-limits-at-bounds", edited(POOL, spec__limits={"memory": "2Gi", "workspaceSize": "1Ti"})),
     ("pool-limits-decimal", edited(POOL, spec__limits={"memory": "16000000000", "workspaceSize": "64Mi"})),
     ("run-base-trailing-slash", edited(RUN, spec__model={"base": "s3://models/qwen3-8b/"})),
+    ("run-checkpointed-layers", edited(RUN, spec__trainer={"checkpointedLayers": 4})),
+    ("pool-cpu-only", edited(POOL, spec__gpu={"count": 0})),
+    ("pool-export-traces", edited(POOL, spec__telemetry={"exportTraces": True})),
 ]
 
 

@@ -11,7 +11,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictBool, StrictInt
 
 from cuda_agent.api.base import (
     DNS_SUBDOMAIN,
@@ -122,6 +122,16 @@ class Autoscaling(ApiModel):
 
 class GpuSpec(ApiModel):
     """The GPU each sandbox pod gets."""
+
+    cel_rules = (
+        CelRule(
+            "self.count > 0 || !has(self.product)",
+            "spec.gpu.product must be unset when spec.gpu.count is 0 (a CPU-only pool is placed on any node)",
+            field_path=".product",
+            reason="FieldValueForbidden",
+            check=lambda g: g.count > 0 or g.product is None,
+        ),
+    )
 
     resource_name: Annotated[
         str,
@@ -258,7 +268,7 @@ class LimitsSpec(ApiModel):
 class TelemetrySpec(ApiModel):
     """What the sandbox pods send out. Nothing by default: the pods have no egress at all."""
 
-    export_traces: bool = Field(
+    export_traces: StrictBool = Field(
         default=False,
         description="Export the sandbox server's spans (requests, judge runs with build/verify/profile) to "
         "the operator's OTLP collector, so a trace follows an episode into the pod. Opens egress to the "

@@ -404,6 +404,16 @@ class CheckpointSpec(ApiModel):
 class TrainerSpec(ApiModel):
     """How the learner runs: engine, memory and precision knobs that do not change the algorithm."""
 
+    cel_rules = (
+        CelRule(
+            "!has(self.checkpointedLayers) || self.activationCheckpointing",
+            "spec.trainer.checkpointedLayers needs spec.trainer.activationCheckpointing: true (without it no "
+            "layer recomputes its activations)",
+            field_path=".checkpointedLayers",
+            check=lambda t: t.checkpointed_layers is None or t.activation_checkpointing,
+        ),
+    )
+
     engine: Literal["deepspeed", "torch"] = Field(
         default="deepspeed",
         description="deepspeed (ZeRO, data parallel over trainer GPUs) or torch (one device, plain AdamW).",
