@@ -316,6 +316,11 @@ MALFORMED: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         ("spec.trainer.checkpointedLayers", "activationCheckpointing: true"),
     ),
     (
+        "run-tensor-parallel-across-pods",
+        edited(RUN, spec__resources={"rolloutGpus": 16, "tensorParallelSize": 16}),
+        ("spec.resources.tensorParallelSize", "at most 8"),
+    ),
+    (
         "pool-cpu-only-with-gpu-product",
         edited(POOL, spec__gpu={"count": 0, "product": "NVIDIA-H200"}),
         ("spec.gpu.product", "unset when spec.gpu.count is 0"),

@@ -364,6 +364,13 @@ class ResourcesSpec(ApiModel):
             field_path=".tensorParallelSize",
             check=lambda r: (r.rollout_gpus or r.trainer_gpus) % r.tensor_parallel_size == 0,
         ),
+        CelRule(
+            "self.tensorParallelSize <= 8",
+            "spec.resources.tensorParallelSize must be at most 8: a rollout engine runs inside one Ray "
+            "worker pod, and those hold at most 8 GPUs",
+            field_path=".tensorParallelSize",
+            check=lambda r: r.tensor_parallel_size <= 8,
+        ),
     )
 
     trainer_gpus: StrictInt = Field(
