@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import EXAMPLES
+from fixtures.ray_start import init_ray
 from sandbox_helpers import RunningServer
 from transformers import AutoModelForCausalLM
 
@@ -36,7 +37,7 @@ def ray_local() -> Iterator[Any]:
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     if started:
         ray.shutdown()

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fixtures.ray_start import init_ray
 
 from cuda_agent.data import synth
 from cuda_agent.data.catalogue import Catalogue
@@ -243,7 +244,7 @@ def test_ray_fan_out_matches_inline(catalogue: Catalogue) -> None:
     )
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         remote = list(filter_samples(samples, config, workers=2, use_ray=True))
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.ray_start import init_ray
 from rollout_helpers import build_tiny_model
 
 from cuda_agent.rollout import SamplingParams
@@ -29,7 +30,7 @@ def ray_local() -> Iterator[Any]:
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     if started:  # leave a cluster another fixture started alone
         ray.shutdown()

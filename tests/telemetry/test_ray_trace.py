@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fixtures.ray_start import init_ray
 from otlp_collector import OtlpCollector, running_collector
 
 from cuda_agent.telemetry import Stage, TelemetryConfig, configure_tracing, inject_context, span
@@ -45,7 +46,7 @@ class TracedRoleWorker(RoleWorker):
 def ray_session() -> Iterator[Any]:
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        init_ray(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     # This module is not importable in Ray's workers: ship its classes by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield ray

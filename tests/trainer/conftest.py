@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.ray_start import init_ray
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -85,7 +86,7 @@ def ray_cluster() -> Any:
 
     started = not ray.is_initialized()
     if started:
-        ray.init(
+        init_ray(
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from fixtures.ray_start import init_ray
 from test_ppo_step import full_params, make_trajectories
 from torch import nn
 from torch.multiprocessing.spawn import start_processes
@@ -222,7 +223,7 @@ def test_ray_groups_data_and_sequence_parallel_equal_one_local_rank(
     from cuda_agent.trainer.workers import LocalWorkers
 
     assert not ray.is_initialized(), "run alone: this test starts its own 4-CPU cluster"
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_ray(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         local_spec = TrainingRun.model_validate(run_document(trainer={"weightSyncBucketMb": 1})).spec
         ray_spec = TrainingRun.model_validate(
