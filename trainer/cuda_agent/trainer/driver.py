@@ -30,7 +30,7 @@ from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_ch
 from cuda_agent.trainer.data import TaskOrder
 from cuda_agent.trainer.event_loop import run_async
 from cuda_agent.trainer.experience import episode_from_trajectory
-from cuda_agent.trainer.report import write_report
+from cuda_agent.trainer.report import stage_fit, write_report
 from cuda_agent.trainer.rollout import Rollout, RolloutRequest, learnable, rft_filter
 from cuda_agent.trainer.step import (
     ActorRole,
@@ -252,12 +252,11 @@ class Trainer:
 
     def _warmup_note(self, key: str) -> str:
         """'nll 10.79 -> 0.52 over 3 epochs': the stage's first value before and its latest after."""
-        history = [h for h in self.state.history if h["stage"] == self.state.stage]
-        first = next((h[f"{key}_before"] for h in history if f"{key}_before" in h), None)
-        last = next((h.get(f"{key}_after", h.get(key)) for h in reversed(history)), None)
-        if first is None or last is None:
+        fit = stage_fit(self.state.history, self.state.stage, key)
+        if fit is None:
             return ""
-        return f"{key.replace('_', ' ')} {first:.4g} -> {last:.4g} over {len(history)} epochs"
+        before, after, epochs = fit[f"{key}_before"], fit[f"{key}_after"], int(fit["epochs"])
+        return f"{key.replace('_', ' ')} {before:.4g} -> {after:.4g} over {epochs} epochs"
 
     # -- pieces ----------------------------------------------------------------------------------
     def _phase(self) -> TrainingRunPhase:

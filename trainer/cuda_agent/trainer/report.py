@@ -110,20 +110,24 @@ def run_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+WARMUP_FITS = (("rft", "nll"), ("value_pretraining", "explained_variance"))
+
+
+def stage_fit(history: list[dict[str, Any]], stage: str, key: str) -> dict[str, float] | None:
+    """How far a warm-up stage moved its fit: the first `<key>_before`, the last `<key>_after` (or `<key>`)
+    and the epochs run; None before the stage has both."""
+    entries = [h for h in history if h["stage"] == stage]
+    before = next((h[f"{key}_before"] for h in entries if f"{key}_before" in h), None)
+    after = next((h.get(f"{key}_after", h.get(key)) for h in reversed(entries)), None)
+    if before is None or after is None:
+        return None
+    return {f"{key}_before": float(before), f"{key}_after": float(after), "epochs": len(entries)}
+
+
 def _warmup_fits(history: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """RFT's NLL and value pretraining's explained variance: first value before, last value after."""
-    fits: dict[str, dict[str, float]] = {}
-    for stage, key in (("rft", "nll"), ("value_pretraining", "explained_variance")):
-        entries = [h for h in history if h["stage"] == stage]
-        before = next((h[f"{key}_before"] for h in entries if f"{key}_before" in h), None)
-        after = next((h.get(f"{key}_after", h.get(key)) for h in reversed(entries)), None)
-        if before is not None and after is not None:
-            fits[stage] = {
-                f"{key}_before": float(before),
-                f"{key}_after": float(after),
-                "epochs": len(entries),
-            }
-    return fits
+    fits = {stage: stage_fit(history, stage, key) for stage, key in WARMUP_FITS}
+    return {stage: fit for stage, fit in fits.items() if fit is not None}
 
 
 def plot_curves(summary: dict[str, Any], path: Path) -> None:
