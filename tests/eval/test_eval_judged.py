@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +77,42 @@ def test_example_solutions_table_and_resume(tmp_path: Path) -> None:
     assert again.evaluations == 0 and again.overall == report.overall
     assert (out / "results.jsonl").read_text() == results
     assert cli.main([*args, "--precision", "tf32"]) == 2  # another run's settings never mix in
+
+
+def _eval_in(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`cuda-agent eval` as a user runs it: its own process, in `cwd`."""
+    command = [sys.executable, "-m", "cuda_agent.cli", "eval", *args, *QUICK]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_relative_paths_from_another_directory_and_nothing_judged(tmp_path: Path) -> None:
+    """Relative --tasks / --solutions / --out from a working directory that is none of them: the judges run
+    in --out, so a path left relative pointed nowhere and every row was a task error, exit 0. Every path
+    is now absolute before anything runs; and a run where no row could be judged exits 1 with one line."""
+    data, cwd = tmp_path / "data", tmp_path / "cwd"
+    (data / "tasks").mkdir(parents=True)
+    (data / "tasks" / "relu_mul_add.py").write_text((TASKS / "relu_mul_add.py").read_text())
+    (data / "solutions" / "relu_mul_add").mkdir(parents=True)
+    model_new = (SOLUTIONS / "relu_mul_add" / "cpu" / "model_new.py").read_text()
+    (data / "solutions" / "relu_mul_add" / "model_new.py").write_text(model_new)
+    cwd.mkdir()
+    done = _eval_in(cwd, "--solutions", "../data/solutions", "--tasks", "../data/tasks", "--out", "out")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report, rows = _load(cwd / "out")
+    row = rows["tasks/relu_mul_add"]
+    assert (row.status, row.compiled, row.correct, row.error) == ("judged", True, True, None), row
+    assert row.reward >= 1 and report.overall.judged == 1
+    assert json.loads((cwd / "out" / "run.json").read_text())["solutions"] == str(data / "solutions")
+
+    (data / "empty").mkdir()
+    nothing = _eval_in(cwd, "--solutions", "../data/empty", "--tasks", "../data/tasks", "--out", "none")
+    assert nothing.returncode == 1, nothing.stderr[-2000:]
+    lines = [line for line in nothing.stderr.splitlines() if line.startswith("cuda-agent eval:")]
+    assert lines == [
+        "cuda-agent eval: no row could be judged (0 of 1 rows have a verdict); "
+        f"the reasons are in {cwd / 'none' / 'report.md'}"
+    ]
+    assert "no-candidate: no candidate under" in (cwd / "none" / "report.md").read_text()
 
 
 def test_refused_by_the_judge_but_accepted_by_allclose(

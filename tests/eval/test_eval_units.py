@@ -4,6 +4,7 @@ resume rules, policy specs and the CLI's argument errors. No judge runs here (te
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -294,3 +295,36 @@ def test_policy_backends_are_the_rollout_backends(tmp_path: Path) -> None:
     assert isinstance(text.shared, OpenAICompatibleBackend) and not text.shared.token_exact
     with pytest.raises(ValueError, match="--model"):
         PolicyBackends(PolicySpec.parse("openai:http://127.0.0.1:9"), codec, "cpu")
+
+
+def test_path_arguments_are_made_absolute_at_the_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model").mkdir()
+    args = argparse.Namespace(
+        solutions=Path("sol"),
+        out=Path("o"),
+        run=None,
+        tokenizer=Path("tok"),
+        tasks="t",
+        policy="replay:r.json",
+    )
+    cli.absolute_paths(args)
+    assert (args.solutions, args.out, args.run) == (tmp_path / "sol", tmp_path / "o", None)
+    assert (args.tokenizer, args.tasks, args.policy) == (
+        tmp_path / "tok",
+        str(tmp_path / "t"),
+        f"replay:{tmp_path}/r.json",
+    )
+    for policy, expected in (
+        ("hf:model", f"hf:{tmp_path}/model"),  # a local directory
+        ("hf:HuggingFaceTB/SmolLM2-135M", "hf:HuggingFaceTB/SmolLM2-135M"),  # a hub id stays one
+        ("openai:http://127.0.0.1:8000", "openai:http://127.0.0.1:8000"),
+    ):
+        args.policy = policy
+        cli.absolute_paths(args)
+        assert args.policy == expected
+    args.tasks = "s3://bench/kernelbench/"
+    cli.absolute_paths(args)
+    assert args.tasks == "s3://bench/kernelbench/"

@@ -4,13 +4,17 @@
     cuda-agent eval --policy replay:replies.json --tokenizer DIR --tasks s3://bench/kernelbench/ --out ...
     cuda-agent eval --run run.yaml --policy hf:DIR --tasks ...   # a TrainingRun's evaluation episodes
 
-Exit 0 when the run completed (whatever the rewards), 2 with one line on stderr for bad arguments or
-inputs (the message names the flag or file). docs/eval.md describes the layouts, metrics and outputs.
+Exit 0 when the run completed and at least one row has a verdict (whatever the rewards); 1 with one line
+on stderr when no row could be judged (every row a task error, no result or no candidate: a run that
+judged nothing is never a success); 2 with one line on stderr for bad arguments or inputs (the message
+names the flag or file). Every path argument is made absolute here, before anything runs: the judges run
+with --out as their working directory. docs/eval.md describes the layouts, metrics and outputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +24,7 @@ from pydantic import ValidationError
 
 if TYPE_CHECKING:
     from cuda_agent.api.episode import EpisodeSettings
+    from cuda_agent.eval.models import EvalReport
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,6 +107,44 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _absolute(path: Path) -> Path:
+    return Path(os.path.abspath(path.expanduser()))
+
+
+def _absolute_policy(spec: str) -> str:
+    """replay:FILE and hf:DIR name local paths (hf: a local directory when one exists, else a hub id)."""
+    kind, sep, target = spec.partition(":")
+    if not sep or not target:
+        return spec
+    local = Path(target).expanduser()
+    if kind == "replay" or (kind == "hf" and local.exists()):
+        return f"{kind}:{_absolute(local)}"
+    return spec
+
+
+def absolute_paths(args: argparse.Namespace) -> None:
+    """Every path argument as an absolute path, resolved against the caller's working directory once:
+    below here the judges and sandbox servers run in other directories (--out, a session workspace)."""
+    for name in ("solutions", "out", "run", "tokenizer"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(args, name, _absolute(value))
+    if "://" not in args.tasks:
+        args.tasks = str(_absolute(Path(args.tasks)))
+    if args.policy is not None:
+        args.policy = _absolute_policy(args.policy)
+
+
+def nothing_judged(report: EvalReport, out_dir: Path) -> str | None:
+    """The one-line reason when no row of the run has a verdict, else None."""
+    if report.overall.judged > 0:
+        return None
+    reason = f"no row could be judged (0 of {report.overall.candidates} rows have a verdict)"
+    if report.task_errors:
+        return f"{reason}; first task error: {report.task_errors[0].splitlines()[0][:300]}"
+    return f"{reason}; the reasons are in {out_dir / 'report.md'}"
+
+
 def run_episode(path: Path) -> EpisodeSettings:
     """The evaluation settings of the TrainingRun in a run file, on its SandboxPool as a server on this
     machine serves it (the pool must be in the file: it decides the device)."""
@@ -116,6 +159,7 @@ def run_episode(path: Path) -> EpisodeSettings:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
+    absolute_paths(args)
     from cuda_agent.eval.models import EvalConfig, JudgeSettings
     from cuda_agent.eval.report import level_table
 
@@ -196,6 +240,10 @@ def main(argv: Sequence[str]) -> int:
         keys = ", ".join(f.key for f in report.suspicious)
         print(f"suspicious speedups (> {report.suspicious_speedup:g}x): {keys}")
     print(level_table(report))
+    reason = nothing_judged(report, cfg.out_dir)
+    if reason is not None:
+        print(f"cuda-agent eval: {reason}", file=sys.stderr)
+        return 1
     return 0
 
 
