@@ -205,6 +205,11 @@ class EvaluateRequest(_Strict):
             problem = candidate_path_problem(path)
             if problem:
                 raise ValueError(f"files[{path[:200]!r}]: {problem}")
+        # A path cannot be both a file and a directory ("a" and "a/b"): the snapshot could hold only one.
+        directories = {path.rsplit("/", i)[0] for path in files or {} for i in range(1, path.count("/") + 1)}
+        clash = sorted(directories.intersection(files or {}))
+        if clash:
+            raise ValueError(f"files[{clash[0][:200]!r}]: is a file and also a directory of other files")
         return files
 
     @model_validator(mode="after")

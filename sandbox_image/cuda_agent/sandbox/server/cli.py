@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from cuda_agent.sandbox.api import machine_gpus
 from cuda_agent.sandbox.server.config import SandboxServerConfig
+from cuda_agent.sandbox.server.init import run_under_init
 from cuda_agent.sandbox.server.isolation import (
     Isolation,
     IsolationError,
@@ -140,11 +141,11 @@ async def self_test(isolation: Isolation, config: SandboxServerConfig) -> None:
     probe = config.state_dir / "probe"
     probe.mkdir(exist_ok=True)
     os.chmod(probe, 0o755)
-    for scratch in ("tmp", "shm"):  # become the probe's /tmp and /dev/shm, as a session's do
+    for scratch in ("workspace", "tmp", "shm"):  # as a session's (tmp, shm: its /tmp and /dev/shm)
         (probe / scratch).mkdir(exist_ok=True)
     slot = isolation.slot(0)
     env = isolation.base_env() | {"PATH": "/usr/bin:/bin"}
-    spec = isolation.agent_spec(slot, ["/bin/sh", "-c", "true"], env, str(probe), [str(probe)])
+    spec = isolation.agent_spec(slot, ["/bin/sh", "-c", "true"], env, str(probe / "workspace"), [str(probe)])
     proc = await asyncio.create_subprocess_exec(
         *isolation.launch_argv(spec), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env={}
     )
@@ -205,6 +206,8 @@ def main(argv: Sequence[str]) -> int:
     from cuda_agent.telemetry import TelemetryConfig, configure_logging, configure_tracing
 
     args = _parser().parse_args(list(argv))
+    # First, while this process has no thread: an init above the server reaps what its children leave.
+    run_under_init()
     try:
         # OTEL_* and CUDA_AGENT_LOG_FORMAT (docs/telemetry.md); a bad value stops startup naming it.
         telemetry = TelemetryConfig.from_env(service_name="cuda-agent-sandbox")
@@ -219,6 +222,8 @@ def main(argv: Sequence[str]) -> int:
         # Before any thread exists: non-dumpable, and (root) a private mount namespace for workspaces.
         private = harden_server_process(private_mounts=mode == "root")
         lock_fd = check_environment(config, mode)
+        # Without links: the launcher refuses any link below the state directory in a Landlock rule.
+        config = config.model_copy(update={"state_dir": Path(os.path.realpath(config.state_dir))})
         seed = usable_judge_seed(config, mode, landlock_abi() >= 1)
         config = config.model_copy(update={"judge_seed_dir": seed})
         isolation = Isolation(config, mode, private)

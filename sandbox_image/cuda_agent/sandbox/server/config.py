@@ -93,7 +93,10 @@ class SandboxServerConfig(BaseModel):
     output_limit_chars: int = Field(
         default=30000, ge=1000, description="longer tool output is cut in the middle"
     )
-    max_background_jobs: int = Field(default=8, ge=1, description="per session")
+    max_background_jobs: int = Field(default=8, ge=1, description="running at once, per session")
+    background_job_timeout_s: float = Field(
+        default=3600.0, gt=0, description="a background job running longer is killed (its process group)"
+    )
     tool_workers: int = Field(
         default=8, ge=1, le=256, description="processes running the file tools and the bash_output filter"
     )

@@ -370,10 +370,19 @@ def _cell_index(cells: list[dict[str, Any]], cell_id: str) -> int:
 
 
 _TODO_MARK = {"pending": "[ ]", "in_progress": "[~]", "completed": "[x]"}
+# A session's todo list is kept in the server's memory and echoed back whole: both stay small.
+MAX_TODOS = 100
+MAX_TODO_CHARS = 1000
 
 
 def todo_write(todos: list[TodoItem], req: TodoWriteInput) -> TodoWriteResult:
-    """Replaces the session's list (kept by the caller in `todos`)."""
+    """Replaces the session's list (kept by the caller in `todos`); a list past the bounds is refused."""
+    if len(req.todos) > MAX_TODOS:
+        raise ToolError(f"{len(req.todos)} todos: at most {MAX_TODOS} per list")
+    for i, todo in enumerate(req.todos):
+        longest = max(len(todo.content), len(todo.active_form or ""), len(todo.id or ""))
+        if longest > MAX_TODO_CHARS:
+            raise ToolError(f"todo {i + 1} is {longest} characters long: at most {MAX_TODO_CHARS}")
     todos[:] = req.todos
     lines = [f"{_TODO_MARK[t.status]} {t.content}" for t in todos]
     return TodoWriteResult(

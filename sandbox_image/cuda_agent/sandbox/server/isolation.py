@@ -30,6 +30,7 @@ import cuda_agent
 from cuda_agent.sandbox.judge.confinement import proc_without_pids, readable_outside
 from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV
 from cuda_agent.sandbox.server.config import ProcessLimits, SandboxServerConfig
+from cuda_agent.sandbox.server.init import init_pid
 from cuda_agent.sandbox.server.seccomp_bpf import FilterPolicy, build_filter
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,9 @@ def _expose_paths(config: SandboxServerConfig) -> list[str]:
 # sockets (a pathname socket is reachable from any network namespace), so agents get an empty one.
 PRIVATE_SCRATCH = {"/tmp": "tmp", "/var/tmp": "tmp", "/dev/shm": "shm"}
 AGENT_HIDDEN_DIRS = ("/run",)
+# What an agent command may write of its session directory (its quota covers exactly these), and read.
+AGENT_WRITABLE_DIRS = ("workspace", "tmp", "shm")
+AGENT_READABLE_DIRS = ("bin", "run")
 # Restricted mode: the devices an agent command may write (not /dev/shm or /dev/mqueue, which would be
 # shared between sessions and outlive them; with namespaces /dev/shm is the session's own shm/).
 AGENT_DEVICES = (
@@ -133,8 +137,11 @@ class Isolation:
         # user namespace in restricted mode where the kernel and the pod's seccomp profile allow one.
         self.user_namespaces = not self.is_root and user_namespaces_usable(config.user_namespaces)
         self.namespaces = self.is_root or self.user_namespaces
-        protected = (self.server_pid, os.getpgid(0))
-        agent_policy = FilterPolicy(protected_pids=protected, deny_sysv_ipc=not self.namespaces)
+        # The server, its process group, and the init above it (server/init.py), which forwards signals.
+        protected = (self.server_pid, os.getpgid(0), *filter(None, [init_pid()]))
+        agent_policy = FilterPolicy(
+            protected_pids=protected, deny_sysv_ipc=not self.namespaces, deny_netlink=not self.namespaces
+        )
         self.agent_filter = build_filter(agent_policy).hex()
         # The judge's own orchestrator may start worker sessions; it is killed by uid (root) or group.
         # Judges with namespaces have a PID namespace of their own, where the server's pids name nobody
@@ -172,7 +179,7 @@ class Isolation:
         self.agent_landlock_read = self.landlock_read
         if not self.is_root and not self.namespaces and not config.agent_gpu_access:
             hidden = (config.state_dir, Path("/proc"))
-            self.agent_landlock_read = [*readable_outside(*hidden), *proc_without_pids()]
+            self.agent_landlock_read = [*readable_outside(*hidden), *proc_without_pids_or_net()]
         # Judges under Landlock cannot list / themselves; their workers need this to hide other processes.
         self.judge_env: dict[str, str] = {}
         if not self.is_root:
@@ -201,8 +208,10 @@ class Isolation:
     def agent_spec(
         self, slot: Slot, argv: list[str], env: dict[str, str], cwd: str, writable: list[str]
     ) -> dict[str, Any]:
-        """`writable`: the session's own directories (the only part of the state directory it sees);
-        the first is the session directory, whose tmp/ and shm/ become the command's /tmp and /dev/shm."""
+        """`writable[0]`: the session directory, of which the command may write only its workspace/, tmp/
+        and shm/ (which become its /tmp and /dev/shm) and read its bin/ and run/ (the judge client, the
+        channel's socket): never the directory itself, so it can replace none of them with a link, and
+        nothing the judge trusts is in its reach. `writable[1:]`: further directories it may write."""
         hide = [] if self.config.agent_gpu_access else sorted(glob.glob("/dev/nvidia*"))
         limits = self.config.agent_limits
         if self.config.agent_gpu_access:
@@ -210,15 +219,16 @@ class Isolation:
             limits = limits.model_copy(update={"memory_mib": None})
         spec = self._spec(slot.agent_uid, slot.agent_gid, [], argv, env, cwd, limits, self.agent_filter, hide)
         session_dir = writable[0]
-        scratch = [f"{session_dir}/{name}" for name in sorted(set(PRIVATE_SCRATCH.values()))]
+        scratch = [f"{session_dir}/{name}" for name in AGENT_WRITABLE_DIRS]
         if self.namespaces:
             masks = self.masks + [self._mask(p) for p in AGENT_HIDDEN_DIRS]
             masks += [self._mask(p, source=f"{session_dir}/{d}") for p, d in self.agent_scratch.items()]
             namespaces = dict.fromkeys(("new_netns", "new_mountns", "new_ipcns", "new_pidns"), True)
             spec |= namespaces | {"new_userns": self.user_namespaces, "masks": masks, "hide": hide}
         # With namespaces too: until the tenth session they got no device, so `> /dev/null` failed.
+        readable = [f"{session_dir}/{name}" for name in AGENT_READABLE_DIRS]
         landlock = self._landlock(
-            [*writable, *scratch], devices=list(AGENT_DEVICES), base=self.agent_landlock_read
+            [*scratch, *writable[1:]], readable, devices=list(AGENT_DEVICES), base=self.agent_landlock_read
         )
         return spec | {"landlock": landlock}
 
@@ -273,7 +283,11 @@ class Isolation:
             return None  # separate uids and 0700 directories already keep sessions apart
         dev = ["/dev"] if devices is None else devices
         read = self.landlock_read if base is None else base
-        return {"read": [*read, *(readable or [])], "write": [*writable, *dev]}
+        # The rules below the state directory name the server's own directories: opened without following
+        # any link (launcher), so one planted there cannot carry a rule to another session's files.
+        state = str(self.config.state_dir).rstrip("/") + "/"
+        own = sorted({p for p in [*writable, *(readable or [])] if p.startswith(state)})
+        return {"read": [*read, *(readable or [])], "write": [*writable, *dev], "no_symlinks": own}
 
     def _spec(
         self,
@@ -313,6 +327,21 @@ class Isolation:
         env = {k: os.environ[k] for k in self.config.env_passthrough if k in os.environ}
         env.setdefault("LANG", "C.UTF-8")
         return env
+
+
+def proc_without_pids_or_net() -> list[str]:
+    """proc_without_pids less the network namespace's tables: without a network namespace of its own, a
+    command's /proc/self/net (and /proc/net, /proc/thread-self/net, /proc/self/task/<tid>/net) lists every
+    socket and connection of the pod, every session's judge socket among them. So /proc/self is granted
+    entry by entry, without `net` and `task`, and without its links (`cwd`, `exe`, `root`: a rule opened
+    through them would land on their targets, `/` for `root`)."""
+    whole = {"/proc/self", "/proc/thread-self", "/proc/net"}
+    own = [
+        f"/proc/self/{entry.name}"
+        for entry in os.scandir("/proc/self")
+        if entry.name not in ("net", "task") and not entry.is_symlink()
+    ]
+    return sorted([p for p in proc_without_pids() if p not in whole] + own)
 
 
 def shared_devices_left_out() -> list[str]:
@@ -386,9 +415,9 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def pids_of_uid(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real, effective or saved uid is `uid`, from their status files:
-    a killed process lingers as a zombie until reaped, and is no obstacle to reusing its slot."""
+def pids_of_uid(uid: int, zombies: bool = False) -> list[int]:
+    """Processes whose real, effective or saved uid is `uid`, from their status files; zombies (killed,
+    not yet reaped: nothing left to kill, but still counted by the uid's RLIMIT_NPROC) only if asked."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -399,7 +428,8 @@ def pids_of_uid(uid: int) -> list[int]:
         except (OSError, ValueError):
             continue  # exited meanwhile
         uids = fields.get(b"Uid", b"").split()[:3]
-        if not fields.get(b"State", b"").strip().startswith(b"Z") and str(uid).encode() in uids:
+        zombie = fields.get(b"State", b"").strip().startswith(b"Z")
+        if (zombies or not zombie) and str(uid).encode() in uids:
             pids.append(int(name))
     return pids
 

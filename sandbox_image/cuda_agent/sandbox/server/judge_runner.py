@@ -381,13 +381,13 @@ class JudgeService:
             os.chown(scratch, slot.judge_uid, slot.judge_gid)
         if candidate.files is None and candidate.workspace is None:
             raise SnapshotError("no candidate given")
-        files = (
-            _read_workspace_bounded(candidate.workspace)
-            if candidate.workspace is not None
-            else {k: v.encode() for k, v in (candidate.files or {}).items()}
-        )
         target = job_dir / "candidate"
-        _write_tree(target, files, group)
+        if candidate.workspace is not None:
+            files = _copy_workspace_bounded(candidate.workspace, target, group)
+        else:
+            inline = {k: v.encode() for k, v in (candidate.files or {}).items()}
+            _write_tree(target, inline, group)
+            files = list(inline)
         _write_file(job_dir / "task.py", task_source.encode(), group)
         has_kernels = any(_is_kernel_source(p) for p in files)
         if has_kernels or "model_new.py" not in files:
@@ -515,18 +515,24 @@ def _is_kernel_source(rel: str) -> bool:
     )
 
 
-def _read_workspace_bounded(workspace: Path) -> dict[str, bytes]:
+def _copy_workspace_bounded(workspace: Path, target: Path, group: int) -> list[str]:
     try:
-        return _read_workspace(workspace)
+        return _copy_workspace(workspace, target, group)
     except RecursionError:  # os.fwalk recurses once per directory level
         raise SnapshotError("workspace nested too deeply to judge; remove the deep directories") from None
+    except OSError as exc:  # the workspace itself is not a directory (or not one reachable without links)
+        raise SnapshotError(f"the workspace cannot be read: {exc.strerror or exc}") from None
 
 
-def _read_workspace(workspace: Path) -> dict[str, bytes]:
-    """Regular files of a workspace, read without following symlinks, within size and count bounds."""
-    files: dict[str, bytes] = {}
+def _copy_workspace(workspace: Path, target: Path, group: int) -> list[str]:
+    """Copy a workspace's regular files, opened without following symlinks, file by file (the server never
+    holds the workspace in memory) and hole by hole: a sparse file takes no more room in the snapshot than
+    in the workspace. One byte cap counts each file at the larger of its length and its allocated blocks,
+    so neither a sparse nor a dense file can make a snapshot larger than the cap. Returns the paths."""
+    copied: list[str] = []
     total = 0
     top = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    _make_dir(target, group)
     try:
         for dirpath, dirnames, filenames, dirfd in os.fwalk(".", dir_fd=top):
             dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
@@ -535,36 +541,77 @@ def _read_workspace(workspace: Path) -> dict[str, bytes]:
                     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
                 except OSError:
                     continue  # symlinks, vanished files
-                with os.fdopen(fd, "rb") as f:
-                    st = os.fstat(f.fileno())
+                try:
+                    st = os.fstat(fd)
                     if not stat.S_ISREG(st.st_mode):
                         continue
-                    total += st.st_size
-                    if total > MAX_SNAPSHOT_BYTES or len(files) >= MAX_SNAPSHOT_FILES:
+                    total += max(st.st_size, st.st_blocks * 512)
+                    if total > MAX_SNAPSHOT_BYTES or len(copied) >= MAX_SNAPSHOT_FILES:
                         raise SnapshotError(
                             f"workspace too large to judge (over {MAX_SNAPSHOT_BYTES >> 20} MiB or "
                             f"{MAX_SNAPSHOT_FILES} files); remove build outputs"
                         )
-                    files[os.path.normpath(os.path.join(dirpath, name))] = f.read()
+                    rel = os.path.normpath(os.path.join(dirpath, name))
+                    _make_parents(target, rel, group)
+                    _copy_sparse(fd, target / rel, st.st_size, group)
+                    copied.append(rel)
+                finally:
+                    os.close(fd)
     finally:
         os.close(top)
-    return files
+    return copied
+
+
+_COPY_CHUNK = 1 << 20
+
+
+def _copy_sparse(src: int, dest: Path, size: int, group: int) -> None:
+    """The first `size` bytes of `src` (its length when it was counted: a file still growing is cut
+    there), copying only its data segments (SEEK_DATA / SEEK_HOLE) and leaving holes as holes."""
+    out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+    try:
+        os.fchown(out, os.getuid(), group)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(src, offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = min(size, os.lseek(src, start, os.SEEK_HOLE))
+            while start < end:
+                chunk = os.pread(src, min(_COPY_CHUNK, end - start), start)
+                if not chunk:
+                    break
+                os.pwrite(out, chunk, start)
+                start += len(chunk)
+            offset = max(end, offset + 1) if start >= end else size
+        os.ftruncate(out, size)
+    finally:
+        os.close(out)
+
+
+def _make_dir(path: Path, group: int) -> None:
+    path.mkdir(mode=0o750)
+    os.chown(path, os.getuid(), group)
+
+
+def _make_parents(target: Path, rel: str, group: int) -> None:
+    for parent in reversed([p for p in Path(rel).parents if str(p) != "."]):
+        if not (target / parent).exists():
+            _make_dir(target / parent, group)
 
 
 def _write_tree(target: Path, files: dict[str, bytes], group: int) -> None:
-    target.mkdir(mode=0o750)
-    os.chown(target, os.getuid(), group)
+    _make_dir(target, group)
     for rel, data in files.items():
         norm = os.path.normpath(rel)
         if norm.startswith(("..", "/")) or "\x00" in norm:
             raise SnapshotError(f"candidate file path {rel!r} leaves the candidate directory")
-        path = target / norm
-        for parent in reversed([p for p in path.relative_to(target).parents if str(p) != "."]):
-            d = target / parent
-            if not d.exists():
-                d.mkdir(mode=0o750)
-                os.chown(d, os.getuid(), group)
-        _write_file(path, data, group)
+        try:
+            _make_parents(target, norm, group)
+            _write_file(target / norm, data, group)
+        except OSError as exc:  # "a" and "a/b" (the API refuses it too), or a repeated path
+            raise SnapshotError(f"candidate file {rel!r} cannot be written: {exc.strerror or exc}") from None
 
 
 def _write_file(path: Path, data: bytes, group: int) -> None:

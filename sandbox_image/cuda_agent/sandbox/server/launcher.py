@@ -35,6 +35,13 @@ LL_SCOPE_ABSTRACT_UNIX, LL_SCOPE_SIGNAL = 1 << 0, 1 << 1
 LL_RIGHTS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
 
 
+SYS_OPENAT2, AT_FDCWD, RESOLVE_NO_SYMLINKS, ELOOP, ENOSYS = 437, -100, 0x04, 40, 38
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -155,9 +162,46 @@ def _mask_paths(masks: list[dict[str, Any]], hide: list[str], new_proc: bool) ->
             _mount("/dev/null", path, None, MS_BIND, None)
 
 
-def _landlock(read: list[str], write: list[str], write_files: list[str] | tuple[str, ...] = ()) -> None:
+def _open_rule_path(path: str, no_symlinks: bool) -> int:
+    """An O_PATH fd for a Landlock rule. `no_symlinks`: no component of the path may be a symbolic link
+    (openat2 RESOLVE_NO_SYMLINKS): a path below the state directory that an agent had replaced with a
+    link would otherwise move the rule, and everything it grants, onto the link's target."""
+    flags = os.O_PATH | os.O_CLOEXEC
+    if not no_symlinks:
+        return os.open(path, flags)
+    how = _OpenHow(flags, 0, RESOLVE_NO_SYMLINKS)
+    fd = _libc.syscall(SYS_OPENAT2, ctypes.c_int(AT_FDCWD), path.encode(), ctypes.byref(how),
+                       ctypes.c_size_t(ctypes.sizeof(how)))  # fmt: skip
+    if fd >= 0:
+        return int(fd)
+    err = ctypes.get_errno()
+    if err != ENOSYS:
+        raise OSError(err, os.strerror(err), path)
+    # Kernels before 5.6 (none of them has Landlock either): walk the components without following.
+    fd = os.open("/", flags | os.O_DIRECTORY)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            nxt = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if os.fstat(fd).st_mode & 0o170000 == 0o120000:  # S_IFLNK
+                raise OSError(ELOOP, os.strerror(ELOOP), path)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _landlock(
+    read: list[str],
+    write: list[str],
+    write_files: list[str] | tuple[str, ...] = (),
+    no_symlinks: list[str] | tuple[str, ...] = (),
+) -> None:
     """Confine the filesystem view: read-only beneath `read`, everything beneath `write`, reading and
-    writing existing files (no creation, no ioctl) beneath `write_files`, nothing else.
+    writing existing files (no creation, no ioctl) beneath `write_files`, nothing else. Rule paths in
+    `no_symlinks` (the server's own directories below the state directory) are refused if any component
+    is a symbolic link.
 
     Restricted mode runs every session under one uid, so this is what keeps one session out of another's
     workspace (and out of judge snapshots). Kernels without Landlock run unconfined (reported at startup).
@@ -180,8 +224,10 @@ def _landlock(read: list[str], write: list[str], write_files: list[str] | tuple[
         ):
             for path in paths:
                 try:
-                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-                except OSError:
+                    fd = _open_rule_path(path, path in no_symlinks)
+                except OSError as exc:
+                    if exc.errno == ELOOP:
+                        raise OSError(ELOOP, f"landlock rule for {path}: a symbolic link") from None
                     continue  # vanished since the server listed it
                 try:
                     is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
@@ -250,7 +296,8 @@ def confine(spec: dict[str, Any]) -> None:
         step = "landlock"
         if spec.get("landlock"):
             rules = spec["landlock"]
-            _landlock(rules["read"], rules["write"], rules.get("write_files", ()))
+            extra = (rules.get("write_files", ()), rules.get("no_symlinks", ()))
+            _landlock(rules["read"], rules["write"], *extra)
         step = "seccomp"
         if spec.get("seccomp"):
             _install_seccomp(bytes.fromhex(spec["seccomp"]))

@@ -11,6 +11,7 @@ import asyncio
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -107,15 +108,22 @@ async def end_group(proc: asyncio.subprocess.Process) -> None:
 
 
 async def run_foreground(
-    argv: list[str], timeout_s: float, output_limit: int, groups: set[int] | None = None
+    argv: list[str],
+    timeout_s: float,
+    output_limit: int,
+    groups: set[int] | None = None,
+    on_start: Callable[[int], None] | None = None,
 ) -> CommandOutcome:
     """Run to completion or until timeout; either way nothing of its process group survives.
     `groups`: where the running command's process group is listed (its session's, so that deleting the
-    session can kill it)."""
+    session can kill it); `on_start(pgid)`: called once it is listed (a session deleted while the
+    command started kills it there)."""
     start = time.monotonic()
     proc, exited = await spawn(argv, merge_stderr=True)
     if groups is not None:
         groups.add(proc.pid)
+    if on_start is not None:
+        on_start(proc.pid)
     out = BoundedOutput(output_limit)
     assert proc.stdout is not None
     reader = asyncio.create_task(_pump(proc.stdout, out))
@@ -161,6 +169,8 @@ class BackgroundJob:
     dropped: int = 0
     killed: bool = False
     finished: bool = False
+    timed_out: bool = False
+    started_at: float = field(default_factory=time.monotonic)
     pump: asyncio.Task[None] | None = None
 
     def feed(self, chunk: bytes) -> None:

@@ -76,7 +76,7 @@ SYSCALLS: dict[str, dict[str, int]] = {
     },
 }  # fmt: skip
 
-AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
+AF_INET, AF_INET6, AF_NETLINK, AF_PACKET = 2, 10, 16, 17
 CLONE_NAMESPACE_FLAGS = (
     0x00020000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x02000000
 )
@@ -102,6 +102,9 @@ class FilterPolicy:
     deny_network: bool = True
     deny_new_session: bool = True
     deny_sysv_ipc: bool = False
+    # Netlink's sock_diag lists every socket of the network namespace (with the pod's: every session's
+    # judge socket path): refused where the child shares the pod's network namespace.
+    deny_netlink: bool = False
     protected_pids: tuple[int, ...] = ()
 
 
@@ -180,7 +183,7 @@ def build_filter(policy: FilterPolicy, arch: str | None = None) -> bytes:
     if policy.deny_network:
         p.label("socket")
         p.stmt(_LD_W_ABS, _OFF_ARG0)
-        for family in (AF_INET, AF_INET6, AF_PACKET):
+        for family in (AF_INET, AF_INET6, AF_PACKET, *([AF_NETLINK] if policy.deny_netlink else [])):
             p.jump(_JEQ_K, family, "eacces", 0)
         p.stmt(_RET_K, RET_ALLOW)
 

@@ -8,10 +8,14 @@ Layout of a session directory (root mode ownership in brackets):
         scratch/                      0700 [root]       root: that tmpfs (size and inode limits)
         bin/compile|verify|profile    0750 [root:agent] on the agent's PATH; holds the channel's token
         run/judge.sock                0660 [root:agent] the judge channel (agent commands have no network)
-        judge-cache/                  0700 [judge uid]  build cache of this session's judge runs
+    <state>/judge-caches/<id>/        0700 [judge uid]  build cache of this session's judge runs
 
-Nothing of a session outlives its deletion: its judge run is cancelled, its processes are killed, its
-directories are removed, and its slot (uids) is handed out again only once no process of them is left.
+Agent commands write workspace/, tmp/ and shm/ only (restricted mode: Landlock; root: ownership), and the
+quota counts exactly those; the judge's cache lies outside the session directory, so nothing an agent can
+write is anything the judge trusts. Nothing of a session outlives its deletion: its judge run is
+cancelled, its processes are killed, its directories are moved aside at once (and removed in the
+background), and its slot (uids) is handed out again only once no process of them, zombies included, is
+left.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import hmac
 import json
 import logging
 import os
+import queue
 import secrets
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,6 +41,7 @@ from pydantic import ValidationError
 from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 from cuda_agent.sandbox.server.isolation import (
+    AGENT_WRITABLE_DIRS,
     Isolation,
     Slot,
     kill_group,
@@ -64,10 +71,12 @@ SKILL_TEMPLATE = Path(__file__).resolve().parents[1] / "skill" / "SKILL.md"
 ENTRYPOINT = Path(__file__).with_name("entrypoint.py")
 MNT_DETACH = 2
 MS_NOSUID, MS_NODEV, MS_BIND = 0x2, 0x4, 0x1000
-SCRATCH_DIRS = ("workspace", "tmp", "shm")  # what the quota covers
+SCRATCH_DIRS = AGENT_WRITABLE_DIRS  # what the quota covers: everything an agent command may write
 # The quota watchdog checks at most this many sessions per pass (in turn), so one pass is bounded by
 # this times the inode limit, however many sessions fill their workspaces at once.
 QUOTA_CHECKS_PER_PASS = 8
+# Finished background jobs kept for bash_output (with their unread output); older ones are forgotten.
+MAX_FINISHED_JOBS = 16
 
 
 class UnknownSessionError(KeyError):
@@ -89,6 +98,7 @@ class Session:
     judge_options: JudgeOptions
     ttl_s: float
     directory: Path
+    cache_dir: Path
     fs: WorkspaceFS
     tmpfs: bool
     judge_token: str = ""
@@ -103,6 +113,10 @@ class Session:
     channel: asyncio.AbstractServer | None = None
     channel_clients: int = 0
     closing: bool = False
+    # The quota watchdog's last finding ("" within the quota) and when it was made: sessions active since
+    # are checked again, whether or not a command runs, and file-tool writes are refused while over.
+    quota_problem: str = ""
+    quota_checked_at: float = 0.0
 
     @property
     def workspace(self) -> Path:
@@ -156,6 +170,12 @@ class SessionManager:
         self.gpus = gpus
         self.sessions: dict[str, Session] = {}
         self.root = config.state_dir / "sessions"
+        self.caches = config.state_dir / "judge-caches"
+        # Deleted sessions' trees are renamed here at once and removed in the background: removing a
+        # tree of 100,000 entries takes minutes, and must hold neither the request nor the slot.
+        self.trash = config.state_dir / "trash"
+        self._removals: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        self._remover: threading.Thread | None = None
         self._free_slots = list(range(config.max_sessions))
         # Slots whose processes could not all be killed yet: handed out again once they are gone.
         self._quarantined: set[int] = set()
@@ -169,10 +189,11 @@ class SessionManager:
     # ------------------------------------------------------------------ lifecycle
 
     def prepare(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o711)
-        for stale in self.root.iterdir():
-            remove_tree(stale)
+        for place in (self.root, self.caches, self.trash):
+            place.mkdir(parents=True, exist_ok=True)
+            os.chmod(place, 0o711 if place != self.trash else 0o700)
+            for stale in place.iterdir():
+                remove_tree(stale)
 
     async def create(self, req: CreateSessionRequest, task_source: str) -> Session:
         if req.device == "cuda" and self.gpus == 0:
@@ -199,6 +220,7 @@ class SessionManager:
                 judge_options=req.judge,
                 ttl_s=req.ttl_s or self.config.session_ttl_s,
                 directory=directory,
+                cache_dir=self.caches / session_id,
                 fs=WorkspaceFS(directory / "workspace", owner),
                 tmpfs=tmpfs,
                 judge_token=secrets.token_hex(16),
@@ -211,7 +233,7 @@ class SessionManager:
             os.chown(sock, os.getuid(), slot.agent_gid)
             os.chmod(sock, 0o660)
         except BaseException:
-            await asyncio.to_thread(self._remove_dirs, directory)
+            await asyncio.to_thread(self._remove_dirs, directory, self.caches / session_id)
             self._free_slots.append(index)
             raise
         self.sessions[session_id] = session
@@ -248,8 +270,10 @@ class SessionManager:
                 await asyncio.wait_for(job.proc.wait(), 5)
             if job.pump is not None:
                 job.pump.cancel()
-        await asyncio.to_thread(self._remove_dirs, session.directory)
+        doomed = await asyncio.to_thread(self._discard_dirs, session)
         self.sessions.pop(session_id, None)
+        for place in doomed:
+            self._remove_later(place)
         await self._release_slot(session.slot)
         self.metrics.inc("sessions_ended_total", "sessions ended, by reason", reason=reason)
         return killed
@@ -264,16 +288,27 @@ class SessionManager:
         self._free_slots.append(slot.index)
 
     def _slot_is_empty(self, slot: Slot) -> bool:
+        """No process of the slot's uids, zombies included: a zombie still counts against the uid's
+        RLIMIT_NPROC, so a slot whose zombies nobody reaps would leave its next session unable to fork."""
         for _ in range(50):  # SIGKILLed processes take a moment to be reaped
             for uid in (slot.agent_uid, slot.judge_uid):
                 kill_uid_processes(uid)
-            if not pids_of_uid(slot.agent_uid) and not pids_of_uid(slot.judge_uid):
+            uids = (slot.agent_uid, slot.judge_uid)
+            if not any(pids_of_uid(uid, zombies=True) for uid in uids):
                 return True
             time.sleep(0.1)
         return False
 
     async def reap_expired(self) -> None:
         now = time.time()
+        limit = self.config.background_job_timeout_s
+        for session in list(self.sessions.values()):  # background jobs past their time limit
+            for job in session.jobs.values():
+                if job.status == "running" and time.monotonic() - job.started_at > limit:
+                    log.info("session %s: background job %s ran %g s: killed", session.session_id,
+                             job.bash_id, limit)  # fmt: skip
+                    job.timed_out = True
+                    job.kill()
         for sid, session in list(self.sessions.items()):
             if session.expires_at < now and not session.closing and not session.judge_busy.locked():
                 log.info("session %s idle past its %s s TTL: deleting", sid, session.ttl_s)
@@ -283,10 +318,28 @@ class SessionManager:
             await self._release_slot(self.isolation.slot(index))
 
     async def enforce_quota(self, session: Session) -> str:
-        """Without a tmpfs the quota (bytes and inodes of workspace, tmp and shm) is checked after the
-        fact: over it, or when the check itself fails, the session's processes die."""
+        """Without a tmpfs the quota (bytes and inodes of workspace, tmp and shm: all an agent command
+        may write) is checked after the fact: over it, or when the check itself fails, the session's
+        processes die and its file-tool writes are refused until it is back within the quota."""
         if session.tmpfs:
             return ""  # the kernel enforces both limits
+        session.quota_checked_at = time.time()
+        session.quota_problem = problem = await self._quota_problem(session)
+        if not problem:
+            return ""
+        for job in session.jobs.values():
+            job.kill()
+        for group in list(session.command_groups):
+            kill_group(group)
+        if self.isolation.is_root:
+            await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid)
+        self.metrics.inc("workspace_quota_exceeded_total", "times a workspace outgrew its quota")
+        return (
+            f"{problem} (tmp/ and shm/ included); the session's processes were killed and file writes "
+            "are refused: delete files to continue"
+        )
+
+    async def _quota_problem(self, session: Session) -> str:
         limit, max_inodes = self.config.workspace_quota_mib << 20, self.config.workspace_max_inodes
         try:
             usage = await asyncio.to_thread(disk_usage, session.scratch_dirs, max_inodes)
@@ -305,27 +358,22 @@ class SessionManager:
                 )
             else:
                 return ""
-        for job in session.jobs.values():
-            job.kill()
-        for group in list(session.command_groups):
-            kill_group(group)
-        if self.isolation.is_root:
-            await asyncio.to_thread(kill_uid_processes, session.slot.agent_uid)
-        self.metrics.inc("workspace_quota_exceeded_total", "times a workspace outgrew its quota")
-        return (
-            f"{problem} (tmp/ and shm/ included); the session's processes were killed, delete files "
-            "to continue"
-        )
+        return problem
 
     async def watch_quotas(self) -> None:
-        """One bounded pass over the sessions with a command or job running, a few per pass in turn; one
-        session's failure is its own (enforce_quota never raises for it)."""
+        """One bounded pass over the sessions that may have grown (a command or job running, or any tool
+        call since their last check: the file tools write too), a few per pass in turn; one session's
+        failure is its own (enforce_quota never raises for it)."""
         growing = [
             s
             for s in self.sessions.values()
             if not s.closing
             and not s.tmpfs
-            and (s.command_groups or any(j.status == "running" for j in s.jobs.values()))
+            and (
+                s.command_groups
+                or any(j.status == "running" for j in s.jobs.values())
+                or s.last_activity >= s.quota_checked_at
+            )
         ]
         if not growing:
             return
@@ -360,7 +408,7 @@ class SessionManager:
                         gpu=session.gpu,
                         options=session.judge_options,
                         slot=session.slot,
-                        cache_dir=session.directory / "judge-cache",
+                        cache_dir=session.cache_dir,
                     )
                 )
             )
@@ -478,21 +526,60 @@ class SessionManager:
                     raise OSError(ctypes.get_errno(), f"bind mount of {place}")
             if root:
                 os.chown(place, *agent)
-        for name, mode, owner in (
-            ("bin", 0o750, (os.getuid(), slot.agent_gid)),
-            ("run", 0o750, (os.getuid(), slot.agent_gid)),
-            ("judge-cache", 0o700, (slot.judge_uid, slot.judge_gid)),
+        cache = self.caches / directory.name
+        for place, mode, owner in (
+            (directory / "bin", 0o750, (os.getuid(), slot.agent_gid)),
+            (directory / "run", 0o750, (os.getuid(), slot.agent_gid)),
+            (cache, 0o700, (slot.judge_uid, slot.judge_gid)),
         ):
-            (directory / name).mkdir(mode=mode)
+            place.mkdir(mode=mode)
             if root:
-                os.chown(directory / name, *owner)
+                os.chown(place, *owner)
         return tmpfs
 
-    def _remove_dirs(self, directory: Path) -> None:
+    def _unmount(self, directory: Path) -> None:
         for name in (*SCRATCH_DIRS, "scratch"):
             if os.path.ismount(directory / name):
                 self._libc.umount2(bytes(directory / name), MNT_DETACH)
-        remove_tree(directory)
+
+    def _remove_dirs(self, *directories: Path) -> None:
+        for directory in directories:
+            self._unmount(directory)
+            remove_tree(directory)
+
+    def _remove_later(self, place: Path) -> None:
+        """Removed by one daemon thread, in turn: a server stopping does not wait for it (the next start
+        empties the trash)."""
+        self._removals.put(place)
+        if self._remover is None:
+            self._remover = threading.Thread(target=self._remove_forever, name="trash", daemon=True)
+            self._remover.start()
+
+    def _remove_forever(self) -> None:
+        while True:
+            place = self._removals.get()
+            try:
+                remove_tree(place)
+            except Exception:  # the next start empties the trash
+                log.exception("removing %s failed", place)
+
+    def _discard_dirs(self, session: Session) -> list[Path]:
+        """Unmount the session's tmpfs and rename its directories into the trash (one rename each, on the
+        same filesystem): returns them for removal in the background; what cannot be renamed is removed
+        here and now."""
+        self._unmount(session.directory)
+        doomed = []
+        for place in (session.directory, session.cache_dir):
+            target = self.trash / f"{place.parent.name}-{place.name}"
+            try:
+                os.rename(place, target)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                remove_tree(place)
+                continue
+            doomed.append(target)
+        return doomed
 
     def _seed(self, session: Session) -> None:
         """model.py, SKILL.md, the frozen binding files, and the judge entry points on PATH."""

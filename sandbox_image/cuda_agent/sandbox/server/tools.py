@@ -28,8 +28,9 @@ from cuda_agent.sandbox.api import (
     ToolSpec,
 )
 from cuda_agent.sandbox.server import file_tools
+from cuda_agent.sandbox.server.isolation import kill_group
 from cuda_agent.sandbox.server.procs import run_foreground, start_background
-from cuda_agent.sandbox.server.sessions import Session, SessionManager
+from cuda_agent.sandbox.server.sessions import MAX_FINISHED_JOBS, Session, SessionManager, UnknownSessionError
 from cuda_agent.sandbox.server.tool_workers import ToolWorkers
 from cuda_agent.sandbox.server.workspace_fs import ToolError
 
@@ -77,10 +78,27 @@ def _bash_argv(manager: SessionManager, session: Session, command: str) -> list[
     return manager.isolation.launch_argv(spec)
 
 
+def ensure_open(session: Session) -> None:
+    """Every tool call checks that its session still exists right before it starts work: a call queued
+    behind the session's running calls must not start a process in a session deleted meanwhile."""
+    if session.closing:
+        raise UnknownSessionError(session.session_id)
+
+
+def _forget_finished_jobs(session: Session) -> None:
+    """Keep the newest MAX_FINISHED_JOBS finished jobs (and their unread output): server memory per
+    session stays bounded however many jobs it has run."""
+    finished = [bash_id for bash_id, job in session.jobs.items() if job.finished]
+    for bash_id in finished[: max(0, len(finished) - MAX_FINISHED_JOBS)]:
+        del session.jobs[bash_id]
+
+
 async def bash(env: ToolEnv, session: Session, req: BashInput) -> BashResult:
     manager = env.manager
     cfg = manager.config
+    ensure_open(session)
     if req.run_in_background:
+        _forget_finished_jobs(session)
         running = [j for j in session.jobs.values() if j.status == "running"]
         if len(running) >= cfg.max_background_jobs:
             raise ToolError(
@@ -94,13 +112,20 @@ async def bash(env: ToolEnv, session: Session, req: BashInput) -> BashResult:
             _bash_argv(manager, session, req.command),
             max_pending=cfg.output_limit_chars * 8,
         )
+        if session.closing:  # deleted while it started: its kill loop has already run
+            job.kill()
+            raise UnknownSessionError(session.session_id)
         session.jobs[bash_id] = job
         return BashResult(
             output=f"Started background job {bash_id}; read its output with bash_output", bash_id=bash_id
         )
     timeout_s = min(req.timeout / 1000 if req.timeout else cfg.bash_default_timeout_s, cfg.bash_max_timeout_s)
     outcome = await run_foreground(
-        _bash_argv(manager, session, req.command), timeout_s, cfg.output_limit_chars, session.command_groups
+        _bash_argv(manager, session, req.command),
+        timeout_s,
+        cfg.output_limit_chars,
+        session.command_groups,
+        on_start=lambda pgid: kill_group(pgid) if session.closing else None,
     )
     output = outcome.output
     over = await manager.enforce_quota(session)
@@ -133,6 +158,9 @@ async def bash_output(env: ToolEnv, session: Session, req: BashOutputInput) -> B
     note = f"[{dropped} earlier bytes were dropped: output not read in time]\n" if dropped else ""
     status = job.status
     tail = f"\n[status: {status}" + (f", exit code {job.proc.returncode}]" if status != "running" else "]")
+    if job.timed_out:
+        limit = env.manager.config.background_job_timeout_s
+        tail += f"\n[killed after {limit:g} s, the background job limit]"
     return BashOutputResult(
         output=note + text + tail, status=status, exit_code=job.proc.returncode, dropped_bytes=dropped
     )
@@ -147,17 +175,31 @@ async def kill_bash(env: ToolEnv, session: Session, req: KillBashInput) -> ToolR
     return ToolResult(output=f"Killed background job {req.bash_id} and its process group")
 
 
+WRITING_TOOLS = frozenset({"write", "edit", "multi_edit", "notebook_edit"})
+
+
 def _in_worker(name: str) -> ToolImpl:
-    """File tools run in a worker process: a slow pattern or a huge edit cannot stall other sessions."""
+    """File tools run in a worker process: a slow pattern or a huge edit cannot stall other sessions.
+    Those that write are refused while the session is over its quota, and the quota is measured after
+    each of them, as after every command (restricted mode; root mode's tmpfs says ENOSPC itself)."""
 
     async def run(env: ToolEnv, session: Session, req: Any) -> ToolResult:
+        ensure_open(session)
+        writes = name in WRITING_TOOLS and not session.tmpfs
+        if writes and session.quota_problem:
+            raise ToolError(f"{session.quota_problem}: file writes are refused until files are deleted")
         result: ToolResult = await env.workers.run(session.session_id, name, session.fs, req)
+        if writes:
+            over = await env.manager.enforce_quota(session)
+            if over:
+                result = result.model_copy(update={"is_error": True, "output": f"{result.output}\n[{over}]"})
         return result
 
     return run
 
 
 async def todo_write(env: ToolEnv, session: Session, req: TodoWriteInput) -> TodoWriteResult:
+    ensure_open(session)
     return file_tools.todo_write(session.todos, req)
 
 

@@ -62,8 +62,12 @@ class WorkspaceFS:
 
     @contextlib.contextmanager
     def _dir(self, rel_dir: str, create: bool = False) -> Iterator[int]:
-        """An fd for a workspace directory, reached without following any symlink."""
-        fd = os.open(self.root, _DIR_FLAGS)
+        """An fd for a workspace directory, reached without following any symlink (the workspace itself
+        included: a workspace that is not a directory is a tool error, not a server error)."""
+        try:
+            fd = os.open(self.root, _DIR_FLAGS)
+        except OSError as exc:
+            raise _tool_error(exc, str(self.root)) from None
         try:
             for part in [] if rel_dir in ("", ".") else rel_dir.split("/"):
                 try:
@@ -266,8 +270,10 @@ def disk_usage(roots: list[Path], max_inodes: int) -> Usage:
     for root in roots:
         try:
             top = os.open(root, _DIR_FLAGS)
-        except OSError:
+        except FileNotFoundError:
             continue  # not created (yet), or gone with its session
+        except OSError:  # replaced by a symlink, or unreadable: what it holds cannot be counted
+            return Usage(total, inodes, complete=False)
         stack: list[tuple[int, list[str]]] = []
         fd: int | None = top
         try:
