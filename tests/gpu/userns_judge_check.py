@@ -62,9 +62,9 @@ def agent_probe(isolation: Any, state: Path, env: dict[str, str]) -> dict[str, o
     """An agent command as the server builds it: what it sees of other processes, and whether nvcc still
     compiles where Landlock hides /proc/<pid> (restricted mode without user namespaces)."""
     session = state / "sessions" / "0"
-    for d in ("tmp", "shm"):
+    for d in ("workspace", "tmp", "shm"):  # what an agent command may write of its session (issue 32)
         (session / d).mkdir(parents=True, exist_ok=True)
-    (session / "k.cu").write_text("__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n")
+    (session / "workspace" / "k.cu").write_text("__global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n")
     command = (
         "{ tr '\\0' ' ' < /proc/1/cmdline; } 2>&1 | tail -c 80; echo; "
         "nvcc -c k.cu -o k.o && echo nvcc-ok; "
@@ -74,9 +74,10 @@ def agent_probe(isolation: Any, state: Path, env: dict[str, str]) -> dict[str, o
         "python3 -c 'import torch; print(\"gpu\", torch.cuda.is_available())' 2>&1"
     )
     path = f"{env['PATH']}:/usr/local/cuda/bin"
-    agent_env = env | {"HOME": str(session), "TMPDIR": str(session / "tmp"), "PATH": path}
+    agent_env = env | {"HOME": str(session / "workspace"), "TMPDIR": str(session / "tmp"), "PATH": path}
     argv = ["/bin/bash", "-c", command]
-    spec = isolation.agent_spec(isolation.slot(0), argv, agent_env, str(session), [str(session)])
+    cwd = str(session / "workspace")
+    spec = isolation.agent_spec(isolation.slot(0), argv, agent_env, cwd, [str(session)])
     proc = subprocess.run(isolation.launch_argv(spec), capture_output=True, text=True, timeout=300)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     # Hidden: refused (no namespaces), or pid 1 is the command itself (its own PID namespace).

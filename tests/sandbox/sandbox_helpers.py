@@ -123,14 +123,18 @@ def start_server(
     judge_dir: Path = FAKE_JUDGE_DIR,
     judge_command: list[str] | None = None,
     env: dict[str, str] | None = None,
+    pid1: bool = False,
 ) -> RunningServer:
     """Start a server on a free port; its state directory is searchable by the sandbox uids. A server
-    running the real judge gets the machine's judge seed (its judges then build no precompiled header)."""
+    running the real judge gets the machine's judge seed (its judges then build no precompiled header).
+    `pid1`: as PID 1 of a PID namespace of its own (`unshare --pid --fork --mount-proc`), as in a pod
+    (the ready line's pid is then the namespace's)."""
     root = state_root("sbx-")
     uid_base = _next_uid_base[0]
     _next_uid_base[0] += 200
     command_words = judge_command or [sys.executable, str(judge_dir / "fake_judge.py")]
     command = [
+        *(["unshare", "--pid", "--fork", "--kill-child=SIGTERM", "--mount-proc"] if pid1 else []),
         sys.executable,
         "-m",
         "cuda_agent.cli",
@@ -183,9 +187,10 @@ def cleanup(server: RunningServer) -> None:
 RESTRICTED_SERVER_UID = 60900  # no passwd entry needed
 
 
-def start_restricted_server(*args: str) -> RunningServer:
+def start_restricted_server(*args: str, pid1: bool = False) -> RunningServer:
     """A server without root, as in a Pod Security "restricted" pod: started under an unprivileged uid
-    through the server's own launcher (which also hides /root, where this machine's interpreter lives)."""
+    through the server's own launcher (which also hides /root, where this machine's interpreter lives).
+    `pid1`: as PID 1 of a PID namespace of its own with its own /proc, as in a pod."""
     from cuda_agent.sandbox.server.isolation import launch_argv, unconfined_spec
 
     uid = RESTRICTED_SERVER_UID
@@ -216,7 +221,14 @@ def start_restricted_server(*args: str) -> RunningServer:
     expose = sorted({sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))})
     env = {"PATH": "/usr/bin:/bin", "HOME": str(state), "CUDA_AGENT_TEST_SECRET": SECRET}
     spec = unconfined_spec(
-        argv, env, str(state), uid=uid, gid=uid, new_mountns=True, masks=[{"path": "/root", "expose": expose}]
+        argv,
+        env,
+        str(state),
+        uid=uid,
+        gid=uid,
+        new_mountns=True,
+        new_pidns=pid1,
+        masks=[{"path": "/root", "expose": expose}],
     )
     log = root / "server.log"
     with open(log, "wb") as log_file:
