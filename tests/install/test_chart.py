@@ -16,10 +16,13 @@ import pytest
 import yaml
 from install_helpers import CHART, EXAMPLE_KEYS, GPU_EXAMPLE, REPO, Helm, find, wait_for
 
+from cuda_agent.api.run_contract import TRAINER_METRICS_PORT
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
+from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels
 from cuda_agent.operator.cli import parse_args
 from cuda_agent.operator.config import OperatorConfig
+from cuda_agent.operator.run_children import RunContext, driver_pod, ray_pods
 from cuda_agent.storage.config import StorageConfig
 
 PROFILE = REPO / "sandbox_image" / "seccomp" / "sandbox.json"
@@ -183,7 +186,7 @@ def test_sandbox_pods_are_scraped_on_their_metrics_port_by_the_pods_named_in_val
         "--set",
         "metrics.sandboxScraperPodLabels.app\\.kubernetes\\.io/name=prometheus",
     )
-    monitor = find(objects, "PodMonitor")
+    monitor = find(objects, "PodMonitor", "-sandbox")
     selector = monitor["spec"]["selector"]["matchLabels"]
     # The labels the operator gives sandbox pods, and their metrics-only port's name.
     pod_labels = labels.child_labels(labels.POOL_LABEL, "pool", labels.COMPONENT_SANDBOX)
@@ -191,6 +194,38 @@ def test_sandbox_pods_are_scraped_on_their_metrics_port_by_the_pods_named_in_val
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     config = parse_args(operator_container(objects)["args"])
     assert config.metrics_scraper_labels == (("app.kubernetes.io/name", "prometheus"),)
+
+
+def test_trainer_driver_pods_are_scraped_on_the_port_the_operator_gives_them(helm: Helm) -> None:
+    """The PodMonitor selects what run_children.driver_pod renders (its labels, its port `metrics`), and
+    metrics.trainerPodMonitor.enabled switches it off."""
+    objects = helm.template("--api-versions", "monitoring.coreos.com/v1/PodMonitor")
+    monitor = find(objects, "PodMonitor", "-trainer")
+    run = RunContext("run", "team", "uid", "trainer:1", "artifacts", "s3://b/p", None, None)
+    spec = TrainingRunSpec.model_validate(
+        {
+            "model": {"base": "s3://models/qwen"},
+            "dataset": {"uri": "s3://data/ops"},
+            "sandboxPoolRef": {"name": "pool"},
+        }
+    )
+    driver = driver_pod(run, spec, kuberay=False)
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= driver["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    ports = {p.get("name"): p["containerPort"] for p in driver["spec"]["containers"][0]["ports"]}
+    assert endpoint["port"] == "metrics" and ports["metrics"] == TRAINER_METRICS_PORT
+    ray_head = ray_pods(run, spec)[0]
+    assert not selector.items() <= ray_head["metadata"]["labels"].items()  # Ray's pods serve none of it
+    off = helm.template(
+        "--api-versions",
+        "monitoring.coreos.com/v1/PodMonitor",
+        "--set",
+        "metrics.trainerPodMonitor.enabled=false",
+    )
+    monitors = [o["metadata"]["name"] for o in off if o["kind"] == "PodMonitor"]
+    assert len(monitors) == 1 and monitors[0].endswith("-sandbox")
 
 
 def test_leader_election_is_a_lease_in_the_release_namespace_and_standalone_recreates(helm: Helm) -> None:

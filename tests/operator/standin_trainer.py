@@ -7,6 +7,8 @@ TrainingRun's status through the API models. It trains nothing.
 Behaviour by run name (the operator starts every run with the same command): `crash-*` exits 3 at once;
 `finish-*` reports three steps and exits 0; anything else reports three steps and then waits, watching
 `spec.suspend` as the trainer does: on suspension it reports a checkpoint and exits 0.
+Like the trainer's entry point it sets telemetry up from its environment (so it serves /metrics on the
+port the operator handed over, CUDA_AGENT_METRICS_PORT) and records each step in the trainer's families.
 It writes its pid to `standin.pid` and its environment to `standin.env.json` next to run.yaml so the
 test can see the process end and what it was given; it opens and closes one session on the run's sandbox
 server with the episode settings it was handed (the real trainer's rollout asks for the same) and writes
@@ -30,6 +32,7 @@ from kubernetes import client, config
 from cuda_agent.api.run_contract import TrainerEnv
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRunStatus
 from cuda_agent.sandbox.client import SyncSandboxClient
+from cuda_agent.telemetry import configure_telemetry, record_step
 
 TASK = """import torch
 
@@ -57,6 +60,7 @@ def main() -> int:
     parser.add_argument("-f", dest="run_file", type=Path, required=True)
     args = parser.parse_args()
     env = TrainerEnv.from_environ(os.environ)
+    configure_telemetry(service_name="cuda-agent-trainer")  # as cuda_agent.trainer.cli.main does
     run = yaml.safe_load(args.run_file.read_text())
     (args.run_file.parent / "standin.pid").write_text(str(os.getpid()))
     (args.run_file.parent / "standin.env.json").write_text(json.dumps(dict(os.environ)))
@@ -84,6 +88,7 @@ def main() -> int:
             step=step, metrics=TrainingMetrics(mean_reward=-1.0 + step, pass_rate=step / 4)
         ).model_dump(by_alias=True, exclude_none=True, exclude={"conditions"}, mode="json")
         api.patch_namespaced_custom_object_status(*run_path(env), {"status": status})
+        record_step("ppo", step, {"reward": -1.0 + step, "pass_rate": step / 4})
         print(f"stand-in trainer: step {step}", flush=True)
         time.sleep(0.3)
     if env.run_name.startswith("finish-"):

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 from test_run_cluster import artifacts_secret
 
 from cuda_agent.sandbox.api import machine_gpus
@@ -169,6 +171,14 @@ def test_only_storage_settings_of_the_artifacts_secret_reach_the_local_trainer(
     for name in ("PYTHONWARNINGS", "BROWSER", "LD_PRELOAD", "CUDA_AGENT_PVC_ROOT"):
         assert name not in env, name
     assert not (tmp_path / "pwned").exists()
+    # What the trainer needs from the operator besides the Secret: a port of its own for /metrics (the
+    # operator's own CUDA_AGENT_* settings never pass), scraped here from the running process.
+    port = int(env["CUDA_AGENT_METRICS_PORT"])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
+    steps = {s.labels["stage"]: s.value for s in families["cuda_agent_trainer_step"].samples}
+    assert steps == {"ppo": 3.0}
+    assert [s.value for s in families["cuda_agent_trainer_pass_rate"].samples] == [0.75]
 
 
 def test_a_suspend_while_the_pool_is_gone_still_checkpoints_and_stops_the_processes(

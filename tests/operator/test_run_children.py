@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cuda_agent.api.run_contract import TRAINER_METRICS_PORT, TrainerEnv
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.run_children import (
@@ -79,6 +80,20 @@ def test_driver_gets_pool_address_storage_otel_and_resume_point() -> None:
     assert pod["spec"]["serviceAccountName"] == "run-trainer"
     assert pod["spec"]["automountServiceAccountToken"] is True and pod["spec"]["restartPolicy"] == "OnFailure"
     assert pod["metadata"]["labels"][lb.SANDBOX_CLIENT_LABEL] == "pool"
+
+
+def test_only_the_driver_serves_trainer_metrics_on_its_named_port() -> None:
+    """The driver runs the training loop, whose families the trainer serves (a PodMonitor selects its port
+    `metrics`); the Ray head and workers run `ray start`, which serves none of them."""
+    container = driver_pod(RUN, spec(), kuberay=False)["spec"]["containers"][0]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["CUDA_AGENT_METRICS_PORT"] == str(TRAINER_METRICS_PORT)
+    assert TrainerEnv.from_environ(env).metrics_port == TRAINER_METRICS_PORT
+    assert {"name": "metrics", "containerPort": TRAINER_METRICS_PORT, "protocol": "TCP"} in container["ports"]
+    for pod in ray_pods(RUN, spec(trainerGpus=4, rolloutGpus=4)):
+        ray = pod["spec"]["containers"][0]
+        assert "CUDA_AGENT_METRICS_PORT" not in {item["name"] for item in ray["env"]}
+        assert all(port.get("name") != "metrics" for port in ray["ports"])
 
 
 def test_driver_under_kuberay_talks_to_the_kuberay_head_service() -> None:

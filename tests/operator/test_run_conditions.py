@@ -72,6 +72,23 @@ def test_every_condition_says_why() -> None:
         assert all(c.message for c in conditions), conditions
 
 
+def test_provisioned_says_what_the_executor_runs() -> None:
+    """No fixed 'the Ray cluster is ready' where a run has none: the executor's own words, e.g. a local
+    run's sandbox server and trainer process with the trainer's /metrics address."""
+    local = state(
+        ray_message="local sandbox server at http://127.0.0.1:4100",
+        driver_message="trainer running, pid 7, /metrics on http://127.0.0.1:4101",
+    )
+    provisioning = next(c for c in decide_conditions(local)[1] if c.type == "Provisioning")
+    assert (provisioning.status, provisioning.reason) == (False, "Provisioned")
+    assert provisioning.message == (
+        "local sandbox server at http://127.0.0.1:4100; trainer running, pid 7, /metrics on http://127.0.0.1:4101"
+    )
+    cluster = state(ray_message="2/2 Ray pods ready", driver_message="trainer running")
+    provisioning = next(c for c in decide_conditions(cluster)[1] if c.type == "Provisioning")
+    assert provisioning.message == "2/2 Ray pods ready; trainer running"
+
+
 def test_a_run_that_does_not_fit_is_queued_with_the_reason() -> None:
     waiting = Condition(RunCondition.ADMITTED, False, "InsufficientGPU", "waiting for 80 GPUs")
     phase, conditions = decide_conditions(state(admission=waiting, driver="absent", ray_ready=False))

@@ -29,6 +29,10 @@ ENV_EPISODE = "CUDA_AGENT_EPISODE"
 ENV_STATUS_MODE = "CUDA_AGENT_STATUS_MODE"
 ENV_STATUS_FILE = "CUDA_AGENT_STATUS_FILE"
 ENV_RAY_ADDRESS = "RAY_ADDRESS"
+# Where the trainer serves its Prometheus /metrics (cuda_agent.telemetry reads it, as TelemetryConfig's
+# metrics_port): the driver pod's port `metrics`, a free loopback port under the local executor.
+ENV_METRICS_PORT = "CUDA_AGENT_METRICS_PORT"
+TRAINER_METRICS_PORT = 9471
 ENV_OTEL_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
 ENV_OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
 
@@ -50,6 +54,7 @@ class TrainerEnv(BaseModel):
     status_file: str | None = None
     ray_address: str | None = None
     otel_endpoint: str | None = None
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], default_run_name: str = "local") -> TrainerEnv:
@@ -67,6 +72,7 @@ class TrainerEnv(BaseModel):
             status_file=get(ENV_STATUS_FILE),
             ray_address=get(ENV_RAY_ADDRESS),
             otel_endpoint=get(ENV_OTEL_ENDPOINT),
+            metrics_port=_port(get(ENV_METRICS_PORT)),
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -82,6 +88,7 @@ class TrainerEnv(BaseModel):
             ENV_STATUS_FILE: self.status_file,
             ENV_RAY_ADDRESS: self.ray_address,
             ENV_OTEL_ENDPOINT: self.otel_endpoint,
+            ENV_METRICS_PORT: str(self.metrics_port) if self.metrics_port else None,
         }
         if self.otel_endpoint:
             values[ENV_OTEL_SERVICE_NAME] = f"cuda-agent-trainer.{self.run_name}"
@@ -95,6 +102,15 @@ def _episode(value: str | None) -> EpisodeSettings | None:
         return EpisodeSettings.model_validate_json(value)
     except ValueError as exc:
         raise ValueError(f"{ENV_EPISODE}: {exc}") from None
+
+
+def _port(value: str | None) -> int | None:
+    if value is None or value == "0":  # 0: not served, as cuda_agent.telemetry reads it
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{ENV_METRICS_PORT}={value!r}: expected a port number") from None
 
 
 def _status_mode(value: str | None) -> StatusMode:

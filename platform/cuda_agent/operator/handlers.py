@@ -26,7 +26,7 @@ from cuda_agent.operator.events import Event, post
 from cuda_agent.operator.executor import ClusterExecutor, RunExecutor
 from cuda_agent.operator.kube import Kube, Manifest
 from cuda_agent.operator.local_executor import LocalExecutor
-from cuda_agent.operator.metrics import QUEUE_DEPTH, QUEUED_RUNS, RECONCILE_SECONDS, RECONCILES
+from cuda_agent.operator.metrics import QUEUE_DEPTH, QUEUED_RUNS, RECONCILE_SECONDS, RECONCILES, REGISTRY
 from cuda_agent.operator.pool_reconciler import reconcile_pool
 from cuda_agent.operator.run_reconciler import reconcile_run
 from cuda_agent.operator.views import ChildView, PodView
@@ -166,7 +166,7 @@ async def start_workers(memo: kopf.Memo, **kwargs: Any) -> None:
     QUEUE_DEPTH.set_function(lambda: memo.queue.depth)
     QUEUED_RUNS.set_function(lambda: len(memo.context.queued_runs))
     if config.metrics_port:
-        memo.metrics_server = serve_metrics(config.metrics_port)
+        memo.metrics_server = serve_metrics(config.metrics_port, registry=REGISTRY)
 
 
 async def stop_workers(memo: kopf.Memo, **_: Any) -> None:

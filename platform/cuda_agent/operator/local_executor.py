@@ -175,6 +175,9 @@ class LocalRun:
 
     directory: Path
     sandbox_url: str
+    # The trainer's /metrics, on loopback (a pod's fixed port would collide between local runs); kept
+    # across restarts so a scrape target stays valid.
+    metrics_port: int = field(default_factory=free_port)
     # In /tmp, not under the run directory: in root mode the sandbox's per-session uids must be able to
     # traverse every ancestor of its state, and a home directory (or a test's temp dir) is private.
     sandbox_state: Path = field(default_factory=lambda: _traversable_temp_dir("cuda-agent-sandbox-"))
@@ -216,7 +219,7 @@ class LocalExecutor:
             ready_message = f"local sandbox server {sandbox.state}" + (
                 f" (last {sandbox.last_exit}; log {sandbox.log_path})" if sandbox.last_exit else ""
             )
-        driver, driver_message = trainer_state(trainer)
+        driver, driver_message = trainer_state(trainer, local.metrics_port)
         return Compute(
             exists,
             ready,
@@ -313,7 +316,7 @@ class LocalExecutor:
         env = {key: value for key, value in os.environ.items() if not key.startswith("CUDA_AGENT_")}
         env |= await _secret_env(context, run.namespace, run.artifacts_secret)
         placed = replace(run, pool=local.pool)  # sessions ask for what this machine's server judges on
-        env |= trainer_env(placed, spec, local.sandbox_url, ray_address=None).to_environ()
+        env |= trainer_env(placed, spec, local.sandbox_url, None, local.metrics_port).to_environ()
         env |= {"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         if self.config.pvc_root is not None:
             env[ENV_NAMES["pvc_root"][0]] = str(self.config.pvc_root)  # read by cuda_agent.storage
@@ -365,7 +368,7 @@ class LocalExecutor:
 _background: set[asyncio.Task[list[str]]] = set()  # keeps fire-and-forget stops alive until they finish
 
 
-def trainer_state(trainer: Supervised | None) -> tuple[DriverState, str]:
+def trainer_state(trainer: Supervised | None, metrics_port: int | None = None) -> tuple[DriverState, str]:
     """(state, message) of a local trainer, in the terms of a driver pod."""
     if trainer is None:
         return "absent", "trainer not started"
@@ -376,7 +379,8 @@ def trainer_state(trainer: Supervised | None) -> tuple[DriverState, str]:
         failures = f"trainer exited with an error {trainer.restarts} times; last: {trainer.last_exit}"
         return "failed", f"{failures} ({where})"
     if trainer.state == "running":
-        return "active", f"trainer running, pid {trainer.pid}"
+        metrics = f", /metrics on http://127.0.0.1:{metrics_port}" if metrics_port else ""
+        return "active", f"trainer running, pid {trainer.pid}{metrics}"
     if trainer.state == "backoff":
         return "pending", f"trainer restarting after {trainer.last_exit} ({trainer.restarts}; {where})"
     return "pending", "trainer starting"

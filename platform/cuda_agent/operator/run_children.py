@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from cuda_agent.api.episode import episode_settings
-from cuda_agent.api.run_contract import TrainerEnv
+from cuda_agent.api.run_contract import TRAINER_METRICS_PORT, TrainerEnv
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
@@ -223,11 +223,16 @@ def pool_sandbox_url(spec: TrainingRunSpec, namespace: str) -> str:
 
 
 def trainer_env(
-    run: RunContext, spec: TrainingRunSpec, sandbox_url: str, ray_address: str | None
+    run: RunContext,
+    spec: TrainingRunSpec,
+    sandbox_url: str,
+    ray_address: str | None,
+    metrics_port: int | None = None,
 ) -> TrainerEnv:
     """What every trainer process is told (pod or local process): the operator <-> trainer contract,
     with the settings every episode's session gets (device from the observed pool, judge options from
-    spec.reward). It reports progress by patching its run's status (in a pod through its ServiceAccount)."""
+    spec.reward). It reports progress by patching its run's status (in a pod through its ServiceAccount),
+    and serves /metrics on `metrics_port` (the driver; Ray's own pods serve none)."""
     return TrainerEnv(
         run_name=run.name,
         run_namespace=run.namespace,
@@ -238,11 +243,15 @@ def trainer_env(
         status_mode="kubernetes",
         ray_address=ray_address or None,
         otel_endpoint=run.otel_endpoint,
+        metrics_port=metrics_port,
     )
 
 
-def _env(run: RunContext, spec: TrainingRunSpec, ray_address: str) -> list[dict[str, Any]]:
-    environ = trainer_env(run, spec, pool_sandbox_url(spec, run.namespace), ray_address).to_environ()
+def _env(
+    run: RunContext, spec: TrainingRunSpec, ray_address: str, metrics_port: int | None
+) -> list[dict[str, Any]]:
+    sandbox_url = pool_sandbox_url(spec, run.namespace)
+    environ = trainer_env(run, spec, sandbox_url, ray_address, metrics_port).to_environ()
     return [{"name": name, "value": value} for name, value in environ.items()]
 
 
@@ -266,9 +275,19 @@ def _security_context() -> dict[str, Any]:
 
 
 def _pod_spec(
-    run: RunContext, spec: TrainingRunSpec, command: list[str], gpus: int, ray_address: str, ports: list[int]
+    run: RunContext,
+    spec: TrainingRunSpec,
+    command: list[str],
+    gpus: int,
+    ray_address: str,
+    ports: list[int],
+    metrics_port: int | None = None,
 ) -> dict[str, Any]:
-    """Pod spec shared by Ray head, workers and the driver (restricted Pod Security, like the sandboxes)."""
+    """Pod spec shared by Ray head, workers and the driver (restricted Pod Security, like the sandboxes);
+    `metrics_port`: the trainer serves /metrics there, as the container's port `metrics`."""
+    container_ports: list[dict[str, Any]] = [{"containerPort": port} for port in ports]
+    if metrics_port is not None:
+        container_ports.append({"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"})
     resources: dict[str, dict[str, str]] = {
         "requests": {"cpu": "1", "memory": "4Gi"},
         "limits": {"memory": "64Gi"},
@@ -288,8 +307,8 @@ def _pod_spec(
                 "name": "trainer",
                 "image": run.image,
                 "command": command,
-                "env": _env(run, spec, ray_address) + _artifacts_env(run),
-                "ports": [{"containerPort": port} for port in ports],
+                "env": _env(run, spec, ray_address, metrics_port) + _artifacts_env(run),
+                "ports": container_ports,
                 "resources": resources,
                 "securityContext": _security_context(),
                 "volumeMounts": [
@@ -451,7 +470,7 @@ def driver_pod(run: RunContext, spec: TrainingRunSpec, kuberay: bool) -> Manifes
     """
     ray_address = f"ray://{ray_head_host(run, kuberay)}:{RAY_CLIENT_PORT}"
     command = ["cuda-agent", "train", "-f", f"{RUN_CONFIG_DIR}/run.yaml"]
-    pod = _pod_spec(run, spec, command, 0, ray_address, [])
+    pod = _pod_spec(run, spec, command, 0, ray_address, [], metrics_port=TRAINER_METRICS_PORT)
     pod["automountServiceAccountToken"] = True  # it reports progress through the run's status
     pod["restartPolicy"] = "OnFailure"
     return with_hash(

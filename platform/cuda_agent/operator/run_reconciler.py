@@ -128,9 +128,10 @@ def decide_conditions(state: RunState) -> tuple[RunPhase, list[Condition]]:
         assert state.admission is not None
         provisioning = Condition(RunCondition.PROVISIONING, False, "Queued", state.admission.message)
     elif running:
-        provisioning = Condition(
-            RunCondition.PROVISIONING, False, "Provisioned", "the Ray cluster is ready and the trainer runs"
-        )
+        # The executor's own words for both (a local run has no Ray cluster: its sandbox server and trainer
+        # process, with the trainer's /metrics address).
+        message = f"{state.ray_message}; {state.driver_message}"
+        provisioning = Condition(RunCondition.PROVISIONING, False, "Provisioned", message)
     elif not state.ray_ready:
         message = state.ray_message or "starting the Ray cluster"
         provisioning = Condition(RunCondition.PROVISIONING, True, state.starting_reason, message)
