@@ -26,8 +26,13 @@ $(STAMP): pyproject.toml
 binaries: venv
 	$(PY) -m cuda_agent.localcluster.binaries build
 
+# The CRDs from the API models, into crds/ and the Helm chart's crds/ (Helm reads a chart's files, not links);
+# then the chart's other generated files: the sandbox seccomp profiles it installs and its README's values
+# table (from values.schema.json). tests/install/test_chart_files.py fails when any of them is stale.
 crds: venv
-	$(VENV)/bin/cuda-agent crds --out crds
+	$(VENV)/bin/cuda-agent crds --out crds --out charts/cuda-agent/crds
+	cp sandbox_image/seccomp/sandbox.json sandbox_image/seccomp/sandbox-userns.json charts/cuda-agent/files/seccomp/
+	$(PY) scripts/chart_readme.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -52,10 +52,6 @@ def test_lint_is_clean(helm: Helm, values: tuple[str, ...]) -> None:
     ("values", "field"),
     [
         (
-            ("--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=false"),
-            "/operator/replicas",
-        ),
-        (
             ("--set", "operator.leaderElection.retryPeriodSeconds=0"),
             "/operator/leaderElection/retryPeriodSeconds",
         ),
@@ -81,8 +77,22 @@ def test_bad_values_fail_naming_the_field(helm: Helm, values: tuple[str, ...], f
     assert field in proc.stderr, proc.stderr
 
 
+def test_replicas_without_leader_election_fail_saying_leader_election_must_be_on(helm: Helm) -> None:
+    """A template `fail`, not a schema rule: JSON schema could only say "value must be 1". (`helm lint`
+    does not stop at a template's `fail`; install, upgrade and template do.)"""
+    values = ("--set", "operator.replicas=2", "--set", "operator.leaderElection.enabled=false")
+    proc = helm("template", "rel", str(CHART), *values, check=False)
+    assert proc.returncode != 0, "two operators without leader election were accepted"
+    assert (
+        "operator.replicas is 2: more than one operator needs leader election on "
+        "(operator.leaderElection.enabled=true, the default)"
+    ) in proc.stderr
+    assert helm.template("--set", "operator.replicas=2")  # with leader election (the default): fine
+
+
 def test_chart_crds_are_the_repository_crds(helm: Helm) -> None:
-    # charts/cuda-agent/crds links to crds/ (one home); this fails if a copy there drifts from them.
+    # charts/cuda-agent/crds is `make crds`'s copy of crds/ (test_chart_files.py: byte for byte); this
+    # checks what Helm itself reads from the chart.
     shown = [doc for doc in yaml.safe_load_all(helm("show", "crds", str(CHART)).stdout) if doc]
     generated = [yaml.safe_load(path.read_text()) for path in sorted((REPO / "crds").glob("*.yaml"))]
     key = lambda crd: crd["metadata"]["name"]  # noqa: E731
@@ -311,7 +321,9 @@ def test_namespaced_watch_gets_roles_only_where_it_watches(helm: Helm) -> None:
     roles = sorted(o["metadata"]["namespace"] for o in watched if o["kind"] == "Role")
     bindings = sorted(o["metadata"]["namespace"] for o in watched if o["kind"] == "RoleBinding")
     assert roles == bindings == ["team-a", "team-b"]
-    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    (cluster_role,) = [
+        o for o in objects if o["kind"] == "ClusterRole" and "-operator" in o["metadata"]["name"]
+    ]
     # Cluster-wide, the operator only reads: CRDs, and nodes and pods for gang admission.
     assert {verb for rule in cluster_role["rules"] for verb in rule["verbs"]} <= {"get", "list", "watch"}
     role = next(o for o in watched if o["kind"] == "Role")
@@ -322,9 +334,34 @@ def test_namespaced_watch_gets_roles_only_where_it_watches(helm: Helm) -> None:
     assert {o["metadata"]["name"] for o in cluster if o["kind"] == "ClusterRole"} == {
         "rel-cuda-agent-operator",
         "rel-cuda-agent-operator-cluster",
+        "rel-cuda-agent-edit",  # users' aggregated roles (test_users_get_the_two_kinds_...)
+        "rel-cuda-agent-view",
     }
     assert [o["metadata"]["name"] for o in cluster if o["kind"] == "Role"] == [
         "rel-cuda-agent-operator-leader-election"  # the Lease only
+    ]
+
+
+def test_users_get_the_two_kinds_through_the_default_edit_and_view_roles(helm: Helm) -> None:
+    """Aggregated into admin/edit (write, scale; no status) and view (read); switched off by a value.
+    tests/install/test_install.py checks `kubectl auth can-i` through them on a real apiserver."""
+    roles = {o["metadata"]["name"]: o for o in helm.template() if o["kind"] == "ClusterRole"}
+    edit, view = roles["rel-cuda-agent-edit"], roles["rel-cuda-agent-view"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k in edit["metadata"]["labels"] if k.startswith(aggregate)} == {
+        aggregate + "admin",
+        aggregate + "edit",
+    }
+    assert {k for k in view["metadata"]["labels"] if k.startswith(aggregate)} == {aggregate + "view"}
+    writes = {"create", "update", "patch", "delete", "deletecollection"}
+    for rule in edit["rules"]:
+        assert rule["apiGroups"] == ["cuda-agent.io"]
+        if any(r.endswith("/status") for r in rule["resources"]):
+            assert rule["verbs"] == ["get"]  # status is the operator's and the trainers' to write
+    assert all(not writes & set(rule["verbs"]) for rule in view["rules"])
+    off = helm.template("--set", "rbac.aggregateToDefaultRoles=false")
+    assert not [
+        o for o in off if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith(("-edit", "-view"))
     ]
 
 

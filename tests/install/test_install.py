@@ -138,8 +138,30 @@ def test_install_upgrade_uninstall(kube_cluster: KubeCluster, helm: Helm, namesp
     tenant_key = get("secret", "cuda-agent-artifacts")["data"]["AWS_SECRET_ACCESS_KEY"]
     assert tenant_key != minio_password
     cluster_roles = {f"{release}-cuda-agent-operator", f"{release}-cuda-agent-operator-cluster"}
+    cluster_roles |= {f"{release}-cuda-agent-edit", f"{release}-cuda-agent-view"}
     for role in cluster_roles:
         kube_cluster.kubectl("get", "clusterrole", role)
+    # Namespace users get the two kinds through Kubernetes' default roles (aggregated ClusterRoles).
+    for user, role in (("alice", "edit"), ("bob", "view")):
+        kube_cluster.kubectl(
+            "-n", namespace, "create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}"
+        )
+    wait_for(
+        lambda: can_i(kube_cluster, "alice", "create", "trainingruns.cuda-agent.io", "-n", namespace),
+        "edit to aggregate the chart's ClusterRole",
+    )
+    assert can_i(
+        kube_cluster, "alice", "patch", "sandboxpools.cuda-agent.io", "--subresource=scale", "-n", namespace
+    )
+    assert not can_i(
+        kube_cluster, "alice", "patch", "trainingruns.cuda-agent.io", "--subresource=status", "-n", namespace
+    )
+    wait_for(
+        lambda: can_i(kube_cluster, "bob", "list", "trainingruns.cuda-agent.io", "-n", namespace),
+        "view to aggregate the chart's ClusterRole",
+    )
+    assert not can_i(kube_cluster, "bob", "create", "sandboxpools.cuda-agent.io", "-n", namespace)
+    assert not can_i(kube_cluster, "bob", "list", "trainingruns.cuda-agent.io", "-n", "default")
 
     local("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set", "operator.workers=8")
     operator = get("deployment", f"{release}-cuda-agent-operator")

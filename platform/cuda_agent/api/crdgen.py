@@ -286,7 +286,11 @@ def main(argv: Sequence[str]) -> int:
         prog="cuda-agent crds", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument(
-        "--out", type=Path, default=Path("crds"), help="directory of the CRD files (default: crds)"
+        "--out",
+        type=Path,
+        action="append",
+        help="directory of the CRD files, repeatable (default: crds; `make crds` also writes the Helm "
+        "chart's copy, charts/cuda-agent/crds: Helm reads a chart's crds/ as files, not links)",
     )
     parser.add_argument(
         "--docs",
@@ -299,7 +303,8 @@ def main(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    wanted = {args.out / name: text for name, text in render_crds().items()}
+    outs: list[Path] = args.out or [Path("crds")]
+    wanted = {out / name: text for out in outs for name, text in render_crds().items()}
     if args.docs.is_file():
         try:
             wanted[args.docs] = refresh_docs(args.docs.read_text(encoding="utf-8"))
@@ -315,7 +320,8 @@ def main(argv: Sequence[str]) -> int:
         for path in stale:
             print(f"stale: {path} (run `make crds`)", file=sys.stderr)
         return 1 if stale else 0
-    args.out.mkdir(parents=True, exist_ok=True)
+    for out in outs:
+        out.mkdir(parents=True, exist_ok=True)
     for path in stale:
         path.write_text(wanted[path], encoding="utf-8")
         print(f"wrote {path}")
