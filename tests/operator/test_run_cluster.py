@@ -197,7 +197,7 @@ def test_run_created_suspended_never_creates_pods(
     operator_factory()
     namespace.apply(pool_manifest("pool", 0))
     namespace.apply(artifacts_secret())
-    namespace.apply(run_manifest(suspend=True))  # how Kueue admits workloads: created suspended
+    namespace.apply(run_manifest(suspend=True))  # created suspended, as queueing controllers create jobs
     wait_for(lambda: phase(namespace) == "Suspended", "Suspended")
     namespace.get("role", f"{RUN}-trainer")
     assert not ray_pods(namespace)

@@ -3,8 +3,9 @@
 Without it, two runs that each need most of the cluster each get some of their workers placed and wait
 forever for the rest. Where the ecosystem's queueing is installed the operator leaves the decision to it:
 a run labelled `kueue.x-k8s.io/queue-name` on a cluster that serves Kueue's Workload API has its Ray pods
-admitted as one group by Kueue (its plain-pod integration: the pods wait on a scheduling gate until the
-group's quota is reserved; a KubeRay RayCluster carries the queue label instead); where scheduler-plugins'
+labelled as one pod group of Kueue's plain-pod integration (Kueue, where that integration is on, gates
+them until the group's quota is reserved; a KubeRay RayCluster carries the queue label instead; untested
+against Kueue, and Kueue never suspends the TrainingRun itself: docs/operator.md); where scheduler-plugins'
 coscheduling or Volcano serves PodGroups, the operator creates one for the Ray pods (minMember = head and
 every worker). Otherwise the operator checks capacity itself: node allocatable GPUs minus the requests
 of the pods bound to each node, and minus the pending pods of runs it admitted a moment ago (their pods

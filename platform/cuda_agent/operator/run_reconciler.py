@@ -1,6 +1,7 @@
 """One reconcile pass of a TrainingRun: a flat, ordered list of steps and one status write.
 
-Suspension is Kueue-compatible: `spec.suspend: true` (from a person or from Kueue) first asks the
+Suspension: `spec.suspend: true` (from a person or a controller; Kueue has no TrainingRun integration
+and never sets it, docs/operator.md) first asks the
 trainer for a checkpoint (condition Suspended=False, reason Checkpointing: the trainer watches its own
 run, writes one and reports it in `status.lastCheckpoint`), then stops the compute (the Ray cluster and
 driver pods, or the local processes: see executor.py); `false` starts it again with
@@ -391,7 +392,7 @@ async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> 
         if spec.suspend and ended is None:
             admission = Condition(
                 RunCondition.ADMITTED, False, "Suspended",
-                "spec.suspend is true: the run holds no GPUs; set it to false (or let Kueue admit it)",
+                "spec.suspend is true: the run holds no GPUs; set it to false to resume",
             )  # fmt: skip
 
     # 6. The record (one annotation write when it changed), then one status write, from what runs now.
