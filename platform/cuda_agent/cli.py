@@ -48,7 +48,7 @@ def _resolve(target: str) -> Callable[[Sequence[str]], int]:
 
 
 def _usage() -> str:
-    lines = ["usage: cuda-agent COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: cuda-agent [--version] COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<10} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
@@ -58,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("-V", "--version"):
+        return version_main(args[1:])
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:
         print(f"cuda-agent: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

@@ -105,7 +105,9 @@ def test_relative_paths_from_another_directory_and_nothing_judged(tmp_path: Path
     assert json.loads((cwd / "out" / "run.json").read_text())["solutions"] == str(data / "solutions")
 
     (data / "empty").mkdir()
-    nothing = _eval_in(cwd, "--solutions", "../data/empty", "--tasks", "../data/tasks", "--out", "none")
+    nothing = _eval_in(
+        cwd, "--solutions", "../data/empty", "--tasks", "../data/tasks", "--out", "none", "--json"
+    )
     assert nothing.returncode == 1, nothing.stderr[-2000:]
     lines = [line for line in nothing.stderr.splitlines() if line.startswith("cuda-agent eval:")]
     assert lines == [
@@ -113,6 +115,8 @@ def test_relative_paths_from_another_directory_and_nothing_judged(tmp_path: Path
         f"the reasons are in {cwd / 'none' / 'report.md'}"
     ]
     assert "no-candidate: no candidate under" in (cwd / "none" / "report.md").read_text()
+    # --json: stdout is the report alone, the same as report.json
+    assert EvalReport.model_validate_json(nothing.stdout) == _load(cwd / "none")[0]
 
 
 def test_refused_by_the_judge_but_accepted_by_allclose(

@@ -5,6 +5,7 @@ parser. The end-to-end episode trace is test_episode_trace.py."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import itertools
 import json
@@ -86,6 +87,8 @@ def test_spans_nest_run_step_episode_turn_tool_call_judge_stages(spans: InMemory
     assert len({s.context.trace_id for s in found.values()}) == 1
     assert found["episode"].attributes == {"cuda_agent.task": "relu_fused", "cuda_agent.episode": 7}
     assert found["run"].resource.attributes["service.name"] == "cuda-agent"
+    # Which release produced the span (the installed distribution's version, as `cuda-agent --version`).
+    assert found["run"].resource.attributes["service.version"] == importlib.metadata.version("cuda-agent")
 
 
 def test_exception_marks_the_span_failed_and_propagates(spans: InMemorySpanExporter) -> None:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from enum import StrEnum
 
 from opentelemetry import context, propagate, trace
-from opentelemetry.sdk.resources import PROCESS_PID, SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import PROCESS_PID, SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -54,6 +54,16 @@ class Stage(StrEnum):
     RECONCILE = "reconcile"
 
 
+def package_version() -> str:
+    """The installed cuda-agent distribution's version ("unknown" when run from an uninstalled tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cuda-agent")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_exporter(config: TelemetryConfig) -> SpanExporter | None:
     """The exporter `config` asks for: OTLP over HTTP, console (stderr, stdout stays for results), a file
     of JSON lines (one finished span per line), or none."""
@@ -84,8 +94,14 @@ def configure_tracing(
     global _provider
     config = TelemetryConfig.from_env() if config is None else config
     # process.pid tells apart the processes of one service (Ray actors, restarted servers).
+    # service.version: which release produced a span (backends group and compare by it).
     resource = Resource.create(
-        {SERVICE_NAME: config.service_name, PROCESS_PID: os.getpid(), **config.resource_attributes}
+        {
+            SERVICE_NAME: config.service_name,
+            SERVICE_VERSION: package_version(),
+            PROCESS_PID: os.getpid(),
+            **config.resource_attributes,
+        }
     )
     provider = TracerProvider(resource=resource)
     exporter = build_exporter(config)

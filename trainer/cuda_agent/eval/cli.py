@@ -94,6 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpus", type=int, default=None, help="GPUs the evaluations shared (per-GPU-hour figure)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report (report.json's content) on stdout instead of the table; messages go to stderr",
+    )
     policy = p.add_argument_group("policy options")
     policy.add_argument("--tokenizer", type=Path, help="tokenizer + chat template directory of the policy")
     policy.add_argument("--gguf-file", help="GGUF file name inside the model / tokenizer directory")
@@ -231,15 +236,19 @@ def main(argv: Sequence[str]) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"cuda-agent eval: {exc}", file=sys.stderr)
         return 2
-    print(f"report: {cfg.out_dir / 'report.md'} (json, levels.png, speedups.png beside it)")
+    # With --json stdout is the report alone (for jq and scripts); the human lines go to stderr.
+    human = sys.stderr if args.json else sys.stdout
+    print(f"report: {cfg.out_dir / 'report.md'} (json, levels.png, speedups.png beside it)", file=human)
     if report.refused_allclose_accepts:
-        print(f"refused by our judge, accepted by allclose: {len(report.refused_allclose_accepts)}")
+        print(
+            f"refused by our judge, accepted by allclose: {len(report.refused_allclose_accepts)}", file=human
+        )
         for flagged in report.refused_allclose_accepts:
-            print(f"  {flagged.key}: {flagged.reason}")
+            print(f"  {flagged.key}: {flagged.reason}", file=human)
     if report.suspicious:
         keys = ", ".join(f.key for f in report.suspicious)
-        print(f"suspicious speedups (> {report.suspicious_speedup:g}x): {keys}")
-    print(level_table(report))
+        print(f"suspicious speedups (> {report.suspicious_speedup:g}x): {keys}", file=human)
+    print(report.model_dump_json(indent=2) if args.json else level_table(report))
     reason = nothing_judged(report, cfg.out_dir)
     if reason is not None:
         print(f"cuda-agent eval: {reason}", file=sys.stderr)
