@@ -146,6 +146,13 @@ def test_local_modules_and_exit_are_not_flagged() -> None:
         "void f(at::Tensor x) { at::native::relu(x); }\n",
         "void f() { c10::impl::ExcludeDispatchKeyGuard g(c10::DispatchKey::Python); }\n",
         "void f() { at::globalContext().setAllowTF32CuBLAS(true); }\n",
+        # Aliases of the process-wide context (issue 30): the setter is reached through a reference.
+        "void f() { auto& ctx = at::globalContext(); ctx.setUserEnabledCuDNN(false); }\n",
+        "void f() { at::Context& ctx = at::globalContext(); ctx.setSDPUseFlash(false); }\n",
+        "static at::Context* ctx = &at::globalContext;\n",
+        "void f(at::Context& c) { c.setBenchmarkCuDNN(true); }\n",
+        "void f(cudaStream_t s) { cudaLaunchHostFunc(s, cb, nullptr); }\n",
+        "void f(cudaStream_t s) { cudaStreamAddCallback(s, cb, nullptr, 0); }\n",
         'void f() { getenv("HOME"); }\n',
     ],
 )

@@ -443,9 +443,18 @@ CPP_RULES: list[tuple[str, re.Pattern[str]]] = [
     ),
     (
         "global precision switches",
-        re.compile(
-            r"\bsetAllowTF32\w*|\bsetFloat32MatmulPrecision\b|\bsetAllow\w*Reduction\w*|\bglobalContext\s*\(\s*\)\s*\.\s*set"
-        ),
+        re.compile(r"\bsetAllowTF32\w*|\bsetFloat32MatmulPrecision\b|\bsetAllow\w*Reduction\w*"),
+    ),
+    # Any use of ATen's process-wide context, an alias of it included (`auto& ctx = at::globalContext();
+    # ctx.setUserEnabledCuDNN(false)`): kernels have nothing to read or write there. A name the token
+    # scan cannot see (built by `##`) still meets the run-time check, which reads every setting by value
+    # before each baseline call (backend_state, worker.BaselineGuard).
+    ("process-wide ATen context", re.compile(r"\bglobalContext\b|\bat\s*::\s*Context\b")),
+    # A host function queued on a stream runs on a driver thread later, possibly while a baseline is
+    # being dispatched: candidate code outside its own call.
+    (
+        "stream host callbacks",
+        re.compile(r"\b(?:cudaLaunchHostFunc|cudaStreamAddCallback|cuLaunchHostFunc|cuStreamAddCallback)\b"),
     ),
     ("binary inclusion", re.compile(r"\.incbin\b|#\s*embed\b")),
 ]

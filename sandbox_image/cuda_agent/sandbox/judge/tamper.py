@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.modules.module as nn_module_impl
 
+from cuda_agent.sandbox.judge import backend_state
 from cuda_agent.sandbox.judge import task as task_lib
 
 JUDGE_PACKAGE = "cuda_agent.sandbox.judge"
@@ -91,11 +92,28 @@ def _interceptors() -> dict[str, int]:
     return hooks
 
 
+def backend_violations(moved: list[tuple[str, Any, Any]], where: str = "") -> list[str]:
+    """Violation strings for process-wide settings that moved (numerics switches are `precision`)."""
+    found = []
+    for key, before, now in moved:
+        code = (
+            "precision"
+            if any(w in key for w in ("tf32", "precision", "fp16_accumulation"))
+            else "judge-tampered"
+        )
+        found.append(f"{code}: process-wide setting {key} changed from {before!r} to {now!r}{where}")
+    return found
+
+
 class Fingerprints:
     """Taken once, before the candidate is imported; `changes()` lists what differs now."""
 
-    def __init__(self, task_module: Any) -> None:
+    def __init__(self, task_module: Any, backend: backend_state.Snapshot | None = None) -> None:
         self._task_module = task_module
+        # Every process-wide backend setting, enumerated from torch before any candidate code (the worker
+        # takes it before loading the candidate's extensions): never rebaselined (the judge's own
+        # compile changes none of them).
+        self.backend = backend if backend is not None else backend_state.Snapshot()
         self.rebaseline()
 
     def rebaseline(self) -> None:
@@ -126,6 +144,7 @@ class Fingerprints:
                 found.append(
                     f"{code}: global setting {key} changed from {self._precision[key]!r} to {value!r}"
                 )
+        found += backend_violations(self.backend.changes())
         if sys.getprofile() is not self._profile_hook or sys.gettrace() is not self._trace_hook:
             found.append("judge-tampered: a Python profile/trace hook was installed")
         return found[:20]

@@ -126,6 +126,13 @@ class Feed:
 
 # Called after every timed call with (function name, trial index, output), outside the timed window.
 AfterCall = Callable[[str, int, Any], None]
+# Called before every call with (function name, loop, trial index), outside the timed window: the worker's
+# baseline guard verifies and restores every process-wide setting there (worker.BaselineGuard).
+BeforeCall = Callable[[str, str, int], None]
+
+
+def _no_guard(name: str, loop: str, k: int) -> None:
+    return None
 
 
 class _Ranges:
@@ -155,6 +162,7 @@ def cuda_device_times(
     flush_bytes: int,
     seed: int,
     after: AfterCall,
+    before: BeforeCall = _no_guard,
 ) -> dict[str, Any]:
     """Device time per call (ms) for each function, attributed through profiler ranges. Trial k's values
     are loaded before its calls (own range, not timed); the L2 flush comes after them."""
@@ -168,6 +176,7 @@ def cuda_device_times(
             for i, name in enumerate(order):
                 with _RecordFunction(UNTIMED_RANGE):
                     feed.before_call(i == 0)
+                    before(name, "device", k)
                 with _RecordFunction(FLUSH_RANGE):
                     flush.fill_(k & 0xFF)
                 with _RecordFunction(f"{TIMED_PREFIX}{name}:{k}"):
@@ -207,6 +216,7 @@ def cuda_event_latency(
     flush_bytes: int,
     seed: int,
     after: AfterCall,
+    before: BeforeCall = _no_guard,
 ) -> dict[str, dict[str, float | None]]:
     """Host-inclusive latency per call: CUDA events on the current stream around each call (KernelBench),
     fresh values per trial as in `cuda_device_times`."""
@@ -217,6 +227,7 @@ def cuda_event_latency(
         feed.load(seeds[k])
         for i, name in enumerate(order):
             feed.before_call(i == 0)
+            before(name, "latency", k)
             flush.fill_(k & 0xFF)
             start, end = _CudaEvent(enable_timing=True), _CudaEvent(enable_timing=True)
             start.record()
@@ -245,6 +256,7 @@ def host_per_call_ms(
     seeds: list[list[Draw]],
     after: AfterCall,
     checked: set[int],
+    before: BeforeCall = _no_guard,
 ) -> dict[str, float]:
     """Wall time per call of K back-to-back calls between two full device synchronisations (min of rounds):
     hidden work anywhere on the device, or on the host, shows up here even if no profiler range saw it.
@@ -258,6 +270,7 @@ def host_per_call_ms(
     for r, round_seeds in enumerate(seeds):
         pool = [feed.make(s) for s in round_seeds]
         for name, fn in [("refill", None), *fns.items()]:
+            before(name, "host", r)
             _cuda_synchronize()
             t0 = _perf_counter_ns()
             outs = []
@@ -298,6 +311,7 @@ def cpu_wall_times(
     thrash_bytes: int,
     seed: int,
     after: AfterCall,
+    before: BeforeCall = _no_guard,
 ) -> dict[str, dict[str, float | None]]:
     """Wall-clock ms per call on the CPU, interleaved, after writing a cache-sized buffer; fresh values per
     trial, loaded before the thrash write."""
@@ -308,6 +322,7 @@ def cpu_wall_times(
         feed.load(seeds[k])
         for i, name in enumerate(order):
             feed.before_call(i == 0)
+            before(name, "wall", k)
             thrash.fill_(k & 0xFF)
             t0 = _perf_counter_ns()
             out = fns[name](*feed.inputs)

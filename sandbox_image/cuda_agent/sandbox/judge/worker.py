@@ -35,6 +35,7 @@ import torch
 import torch._dynamo
 
 from cuda_agent.sandbox.judge import (
+    backend_state,
     channel,
     confinement,
     cuda_driver,
@@ -53,6 +54,8 @@ _copy = torch.Tensor.copy_
 _no_grad = torch.no_grad
 _bitwise_equal = tensors.bitwise_equal
 _monotonic = time.monotonic
+_is_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 
 PR_SET_PDEATHSIG = 1
 
@@ -293,6 +296,8 @@ class Worker:
     def load(self, msg: protocol.LoadCommand) -> None:
         """The candidate's code: its extensions, then model_new.py (after the trusted `baseline`)."""
         assert self.task is not None
+        # Before the extensions load: their module initialisers (REGISTER_BINDING) are candidate code.
+        backend = backend_state.Snapshot()
         sys.path.append(str(self.candidate_dir))
         self.registry = recorder.ExtensionRegistry()
         ext_dir = self.home / "ext"
@@ -307,7 +312,7 @@ class Worker:
                 self.registry.add_module,
             )
         inline.install_loader(msg["inline_artifacts"], ext_dir, self.registry.add_module)
-        self.fingerprints = tamper.Fingerprints(self.task)
+        self.fingerprints = tamper.Fingerprints(self.task, backend)
         module = self.import_candidate()
         cls = getattr(module, "ModelNew", None)
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
@@ -548,21 +553,25 @@ class Worker:
 
         fns: dict[str, Callable[..., Any]] = {"candidate": candidate, "eager": self.model}
         timed = TimedChecks(self, msg, feed, mutates)
+        guard = BaselineGuard(self.fingerprints.backend)
         notes: list[str] = []
         compile_seconds = None
         with _no_grad():
             with self.step("warmup"):
-                for _ in range(settings["warmup"]):
+                for k in range(settings["warmup"]):
                     feed.refill()
+                    guard.before("candidate", "warm-up", k)
                     candidate(*feed.inputs)
                     feed.refill()
+                    guard.before("eager", "warm-up", k)
                     self.model(*feed.inputs)
             pre_compile_tampering = self.fingerprints.changes()
             if self.compiled is not None:
                 start = _monotonic()
                 try:
-                    for _ in range(settings["warmup"]):
+                    for k in range(settings["warmup"]):
                         feed.refill()
+                        guard.before("compile", "warm-up", k)
                         self.compiled(*feed.inputs)
                     fns["compile"] = self.compiled
                     compile_seconds = _monotonic() - start
@@ -585,10 +594,17 @@ class Worker:
                         self.progress_observer(
                             timed.observer("device"), len(fns), len(loops["device"]["seeds"])
                         ),
+                        guard.before,
                     )
                 with self.step("latency"):
                     latency = timing.cuda_event_latency(
-                        fns, feed, loops["latency"]["seeds"], flush, seed, timed.observer("latency")
+                        fns,
+                        feed,
+                        loops["latency"]["seeds"],
+                        flush,
+                        seed,
+                        timed.observer("latency"),
+                        guard.before,
                     )
                 with self.step("host_check"):
                     host = timing.host_per_call_ms(
@@ -597,6 +613,7 @@ class Worker:
                         loops["host"]["seeds"],
                         timed.observer("host"),
                         {int(i) for i in loops["host"]["checked"]},
+                        guard.before,
                     )
                 method, device_ms, latency_ms, host_ms = (
                     "cuda-profiler-device-time",
@@ -612,6 +629,7 @@ class Worker:
                     settings["cpu_thrash_bytes"],
                     int(msg["order_seed"]),
                     self.progress_observer(timed.observer("wall"), len(fns), len(loops["wall"]["seeds"])),
+                    guard.before,
                 )
                 method, device_ms, latency_ms, host_ms = "cpu-wall-clock", wall, wall, {}
             if self.device == "cuda":
@@ -633,7 +651,7 @@ class Worker:
             "compile_seconds": compile_seconds,
             "violations": timed.violations,
             "timed": packed,
-            "tamper": pre_compile_tampering + self.fingerprints.changes(),
+            "tamper": guard.violations + pre_compile_tampering + self.fingerprints.changes(),
             "steps": self.take_steps(),
         }
         self.ep.send(result, blobs)
@@ -664,6 +682,41 @@ class Worker:
                 return
             else:
                 return
+
+
+class BaselineGuard:
+    """No process-wide switch may differ while a baseline runs (issue 30). Before every eager, compile
+    (and refill) call that follows candidate code, every setting of the snapshot taken before the
+    candidate's import (backend_state) is read again, and autograd must be off (the judge's own no_grad,
+    which candidate code could have switched back on for the baselines only); anything that moved is a
+    violation, and is written back before the call, so no baseline is ever timed under a candidate's
+    switch. Outside the timed window; a check is skipped only when no candidate code ran since the last
+    one (nothing else in the worker changes these settings)."""
+
+    def __init__(self, snapshot: backend_state.Snapshot) -> None:
+        self.snapshot = snapshot
+        self.violations: list[str] = []
+        self.dirty = True  # candidate code ran (its import, at least) since the last check
+
+    def before(self, name: str, loop: str, k: int) -> None:
+        if name == "candidate":
+            self.dirty = True
+            return
+        if not self.dirty:
+            return
+        self.dirty = False
+        where = f" before the {name} call of trial {k} of the {loop} loop"
+        moved = self.snapshot.changes()
+        if moved:
+            if len(self.violations) < 20:
+                self.violations += tamper.backend_violations(moved, where)
+            failed = self.snapshot.restore([key for key, _, _ in moved])
+            if failed and len(self.violations) < 20:
+                self.violations.append(f"judge-tampered: could not restore {', '.join(failed[:5])}{where}")
+        if _is_grad_enabled():
+            if len(self.violations) < 20:
+                self.violations.append(f"judge-tampered: autograd was switched back on{where}")
+            _set_grad_enabled(False)
 
 
 class TimedChecks:

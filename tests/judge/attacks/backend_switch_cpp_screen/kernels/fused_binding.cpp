@@ -1,0 +1,21 @@
+// Attack: switch cuDNN and oneDNN off for the whole process from C++ through a plain alias of ATen's
+// global context (the second pass's screen only matched `globalContext().set...`).
+#include <torch/extension.h>
+
+#include "binding_registry.h"
+
+extern "C" void fused_relu_mul_add(const float* a, const float* b, const float* c, float* out, int64_t n);
+
+static torch::Tensor relu_mul_add(torch::Tensor a, torch::Tensor b, torch::Tensor c) {
+  auto out = torch::empty_like(a);
+  fused_relu_mul_add(a.data_ptr<float>(), b.data_ptr<float>(), c.data_ptr<float>(), out.data_ptr<float>(),
+                     a.numel());
+  return out;
+}
+
+REGISTER_BINDING(relu_mul_add, [](pybind11::module& m) {
+  at::Context& ctx = at::globalContext();
+  ctx.setUserEnabledCuDNN(false);
+  ctx.setUserEnabledMkldnn(false);
+  m.def("relu_mul_add", &relu_mul_add);
+});
