@@ -844,6 +844,30 @@ def remove_frozen_copies(candidate: Path) -> list[str]:
     return notes
 
 
+# The CUDA Agent release's build / verify / profile harness, kept in the workspace's utils/ (frozen there, as
+# binding.cpp is): the judge's side of the contract, never the candidate's code.
+RELEASE_HARNESS_DIR = "utils"
+RELEASE_HARNESS_FILES = frozenset({"compile.py", "compile.sh", "verification.py", "profiling.py"})
+
+
+def remove_release_harness(candidate: Path) -> list[str]:
+    """Delete a workspace's utils/ when it holds the release's harness (compile.py, verification.py, ...):
+    the judge builds, verifies and profiles itself, so the harness is neither screened nor run. Only in a
+    workspace (kernels/ present); model_new.py never imports the harness in the release's layout, and one
+    that did would fail its import (reward -1), never gain anything. One note naming what was removed."""
+    harness = candidate / RELEASE_HARNESS_DIR
+    if not (candidate / "kernels").is_dir() or harness.is_symlink() or not harness.is_dir():
+        return []
+    names = sorted(p.name for p in harness.iterdir())
+    if not RELEASE_HARNESS_FILES & set(names):
+        return []
+    shutil.rmtree(harness)
+    return [
+        f"candidate's {RELEASE_HARNESS_DIR}/ ({', '.join(names)}) removed: the CUDA Agent release's "
+        "build/verify/profile harness, replaced by the judge's own build, verification and profile"
+    ]
+
+
 def install_frozen_files(candidate: Path) -> None:
     """The judge's frozen files at the workspace root, where the CUDA Agent release keeps them, so that
     `#include "../binding_registry.h"` from kernels/ resolves to the judge's header."""

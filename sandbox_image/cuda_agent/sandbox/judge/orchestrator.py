@@ -123,11 +123,13 @@ class Orchestrator:
     def screen(self, workspace: confinement.Workspace) -> list[str]:
         """Static screen, then the pre-build checks (screen.precheck_candidate): a candidate that cannot
         work is refused before any compiler runs. The candidate's copies of the frozen files are
-        replaced by the judge's own (at the workspace root, where the CUDA Agent release has them)."""
+        replaced by the judge's own (at the workspace root, where the CUDA Agent release has them), and
+        the release's harness in utils/ is removed (build.remove_release_harness)."""
         root = workspace.candidate
         if not (root / "model_new.py").is_file():
             raise UsageError(f"CANDIDATE {self.cfg.candidate}: no model_new.py")
         self.result.notes += build.remove_frozen_copies(root)
+        self.result.notes += build.remove_release_harness(root)
         found = screen.screen_tree(root)
         if not found:
             pre = screen.precheck_candidate(root, policy.static_compute_ops(self.cfg.ops))

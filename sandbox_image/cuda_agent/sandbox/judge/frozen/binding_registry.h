@@ -7,6 +7,8 @@
 //
 //   REGISTER_BINDING(my_op, my_op_forward);                                            // cuda_extension.my_op
 //   REGISTER_BINDING(my_op, [](pybind11::module& m) { m.def("my_op", &my_op_forward); });
+//   static void register_my_op(pybind11::module& m) { m.def("my_op_forward", &my_op_forward); }
+//   REGISTER_BINDING(my_op, register_my_op);     // the release's canonical form: called with the module
 #pragma once
 
 #include <torch/extension.h>
@@ -26,13 +28,25 @@ inline std::vector<std::pair<const char*, BindingFn>>& binding_registry() {
   return entries;
 }
 
-// A callable taking the module registers itself; anything else (a function, a function pointer, a
-// lambda over tensors) is the Python function `name`.
+// A function whose one parameter is the module (`void register_my_op(pybind11::module& m)`).
+template <typename T>
+struct takes_module : std::false_type {};
+template <typename R, typename A>
+struct takes_module<R (*)(A)> : std::is_same<std::remove_cv_t<std::remove_reference_t<A>>, pybind11::module_> {};
+template <typename R, typename A>
+struct takes_module<R (*)(A) noexcept> : takes_module<R (*)(A)> {};
+
+// A callable taking the module registers itself (a lambda, a functor, or a function whose one parameter
+// is the module); anything else (a function over tensors, a lambda over tensors) is the Python function
+// `name`. A function is called with the module only when its parameter is exactly the module type, so a
+// tensor function is never mistaken for a registrar.
 template <typename F>
 BindingFn make_binding(const char* name, F&& fn) {
   using Decayed = std::decay_t<F>;
   constexpr bool is_function = std::is_function_v<std::remove_pointer_t<Decayed>>;
-  if constexpr (!is_function && std::is_invocable_v<Decayed&, pybind11::module&>) {
+  if constexpr (is_function && takes_module<Decayed>::value) {
+    return [f = Decayed(fn)](pybind11::module& m) { f(m); };
+  } else if constexpr (!is_function && std::is_invocable_v<Decayed&, pybind11::module&>) {
     return BindingFn(std::forward<F>(fn));
   } else {
     return [name, f = Decayed(std::forward<F>(fn))](pybind11::module& m) { m.def(name, f); };
