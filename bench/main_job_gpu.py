@@ -44,7 +44,6 @@ import glob
 import importlib.util
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -79,20 +78,21 @@ SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {},  # examples/models/tiny-smollm2's own config (2 layers, hidden 64)
 }
 
-# The GPU host has no Kubernetes client; the operator's pure manifest builders (server_config,
-# trainer_env) import it only for a type alias, so that module is registered without it.
+# The GPU host has no Kubernetes client; the operator's pure manifest builder trainer_env imports it
+# only for a type alias, so that module is registered without it.
 if importlib.util.find_spec("kubernetes") is None and "cuda_agent.operator.kube" not in sys.modules:
     _kube = types.ModuleType("cuda_agent.operator.kube")
     _kube.Manifest = dict  # type: ignore[attr-defined]
     sys.modules["cuda_agent.operator.kube"] = _kube
 
 from cuda_agent.api.episode import on_this_machine  # noqa: E402
+from cuda_agent.api.pool_server import server_config  # noqa: E402
 from cuda_agent.api.sandboxpool import SandboxPool, SandboxPoolSpec  # noqa: E402
 from cuda_agent.api.trainingrun import TrainingRun  # noqa: E402
 from cuda_agent.localhost import free_port  # noqa: E402
-from cuda_agent.operator.pool_children import server_config  # noqa: E402
 from cuda_agent.operator.run_children import RunContext, trainer_env  # noqa: E402
 from cuda_agent.sandbox.api import machine_gpus  # noqa: E402
+from cuda_agent.sandbox.local import local_settings, serve_command, write_config  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -186,28 +186,19 @@ class Server:
     the pool's server config placed on this machine, loopback, its own state directory and uid range."""
 
     def __init__(self, placed: SandboxPoolSpec, work: Path, out: Path, env: dict[str, str]) -> None:
-        settings = server_config(placed)
         port = free_port()
         state = work / "sandbox"
         state.mkdir(parents=True, exist_ok=True)
         os.chmod(work, 0o711)
         os.chmod(state, 0o711)  # the sessions' uids must reach their workspaces below it
-        settings |= {
-            "host": "127.0.0.1",
-            "port": port,
-            "metrics_port": None,
-            "state_dir": str(state / "state"),
-            "uid_base": 200_000 + secrets.randbelow(10_000) * (2 * settings["max_sessions"] + 2),
-        }
-        settings.pop("judge_dir", None)  # the installed judge package, hash-checked before every run
-        settings.pop("judge_seed_dir", None)  # the image's precompiled headers; this machine has none
+        settings = local_settings(server_config(placed), port, state / "state")
         self.config = settings
-        config = work / "sandbox.yaml"
-        config.write_text(yaml.safe_dump(settings, sort_keys=False))
+        config = write_config(settings, work / "sandbox.yaml")
         self.url = f"http://127.0.0.1:{port}"
         self.log = (out / "sandbox.log").open("ab")
-        command = [sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", "--config", str(config)]
-        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            serve_command(config), stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

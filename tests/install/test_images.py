@@ -41,6 +41,7 @@ from dockerfile_parse import DockerfileParser
 from fixtures.cluster import GPU_PRODUCT, KubeCluster
 from install_helpers import CHART, REPO, answers, image_build, stop_group, wait_for
 
+from cuda_agent.api import pool_server
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import pool_children, run_children
@@ -326,9 +327,9 @@ def _example_pool_spec() -> SandboxPoolSpec:
 
 def _start_sandbox_server(cuda_agent: Path, state_root: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """`cuda-agent sandbox serve --config` with the config the operator renders for examples/sandboxpool.yaml
-    (pool_children.server_config), except what names the pod: 127.0.0.1 and free ports, a temporary state
+    (pool_server.server_config), except what names the pod: 127.0.0.1 and free ports, a temporary state
     directory; no judge ConfigMap is mounted here, so no judge_dir."""
-    settings = pool_children.server_config(_example_pool_spec())
+    settings = pool_server.server_config(_example_pool_spec())
     settings.pop("judge_dir")
     settings.update(host="127.0.0.1", port=free_port(), metrics_port=free_port(), state_dir=str(state_root))
     config = state_root.parent / "sandbox.yaml"
@@ -368,7 +369,7 @@ def _check_sandbox_entry_points(cuda_agent: Path, root: Path) -> None:
         assert answers(f"{ready['url']}/healthz")
         with urllib.request.urlopen(f"{ready['url']}/v1/status", timeout=5) as response:
             status = ServerStatus.model_validate_json(response.read())
-        assert status.max_sessions == pool_children.max_sessions(_example_pool_spec()) and status.judge_intact
+        assert status.max_sessions == pool_server.max_sessions(_example_pool_spec()) and status.judge_intact
         with urllib.request.urlopen(
             f"http://127.0.0.1:{ready['metrics_port']}/metrics", timeout=5
         ) as response:

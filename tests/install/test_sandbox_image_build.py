@@ -26,6 +26,7 @@ import pytest
 import yaml
 from install_helpers import CHART, REPO, answers, cached_image, run_inside, stop_group, wait_for
 
+from cuda_agent.api import pool_server
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import pool_children
@@ -164,7 +165,7 @@ def test_sandbox_image_serves_a_session_whose_agent_has_nvcc_and_whose_judge_rew
     build, image = sandbox_image
     rootfs = build.layer_rootfs(build.Buildah(build.cache_dir()), image)
     pool = yaml.safe_load((EXAMPLES / "sandboxpool.yaml").read_text())
-    settings = pool_children.server_config(SandboxPoolSpec.model_validate(pool["spec"]))
+    settings = pool_server.server_config(SandboxPoolSpec.model_validate(pool["spec"]))
     assert settings["judge_seed_dir"] == SEED and settings["state_dir"] == image.workdir
     settings.pop("judge_dir")
     port, metrics_port = free_port(), free_port()

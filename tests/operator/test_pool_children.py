@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from cuda_agent.api.pool_server import server_config
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.pool_children import (
@@ -13,7 +14,6 @@ from cuda_agent.operator.pool_children import (
     headless_service,
     judge_configmap,
     network_policy,
-    server_config,
     statefulset,
     trace_export,
 )

@@ -24,8 +24,9 @@ import yaml
 from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
 from pydantic import ValidationError
 
+from cuda_agent.api.pool_server import server_config
 from cuda_agent.api.sandboxpool import USERNS_PROFILE_NAME, SandboxPoolSpec
-from cuda_agent.operator.pool_children import PoolIdentity, server_config, statefulset
+from cuda_agent.operator.pool_children import PoolIdentity, statefulset
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 
 POOL = "userns"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cuda_agent.api import ResourceError, load_resource
-from cuda_agent.operator.pool_children import server_config
+from cuda_agent.api.pool_server import server_config
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 
 LIMIT_EXTREMES: dict[str, list[Any]] = {

@@ -18,10 +18,8 @@ import contextlib
 import ctypes
 import logging
 import os
-import secrets
 import shutil
 import signal
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +29,7 @@ import aiohttp
 import yaml
 
 from cuda_agent.api.episode import on_this_machine
+from cuda_agent.api.pool_server import server_config
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.localhost import free_port
@@ -38,9 +37,9 @@ from cuda_agent.operator import labels as lb
 from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.operator.executor import Compute, DriverState
 from cuda_agent.operator.kube import KubeError, Ref
-from cuda_agent.operator.pool_children import server_config
 from cuda_agent.operator.run_children import RunContext, run_config, trainer_env
 from cuda_agent.operator.tenancy import ARTIFACTS_ENV_NAMES
+from cuda_agent.sandbox.local import local_settings, traversable_temp_dir, write_config
 from cuda_agent.storage.config import ENV_NAMES
 
 if TYPE_CHECKING:
@@ -54,7 +53,6 @@ TOKEN_SECONDS = 24 * 3600
 HEALTH_POLL_SECONDS = 0.5
 PR_SET_PDEATHSIG = 1
 STARTING = "StartingSandboxServer"  # Provisioning's reason until the local sandbox server answers
-UID_BASE, UID_RANGES = 200_000, 10_000
 
 
 def _die_with_parent() -> None:
@@ -163,12 +161,6 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-def _traversable_temp_dir(prefix: str) -> Path:
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    path.chmod(0o711)
-    return path
-
-
 @dataclass
 class LocalRun:
     """What one run has on this machine."""
@@ -180,7 +172,7 @@ class LocalRun:
     metrics_port: int = field(default_factory=free_port)
     # In /tmp, not under the run directory: in root mode the sandbox's per-session uids must be able to
     # traverse every ancestor of its state, and a home directory (or a test's temp dir) is private.
-    sandbox_state: Path = field(default_factory=lambda: _traversable_temp_dir("cuda-agent-sandbox-"))
+    sandbox_state: Path = field(default_factory=lambda: traversable_temp_dir("cuda-agent-sandbox-"))
     sandbox: Supervised | None = None
     sandbox_ready: bool = False
     # The run's pool as the sandbox server above serves it on this machine (its GPUs those this machine
@@ -269,24 +261,13 @@ class LocalExecutor:
         return started, []
 
     def _sandbox(self, local: LocalRun, pool: SandboxPoolSpec, requeue: Callable[[], None]) -> Supervised:
-        """`cuda-agent sandbox serve` with the config a pool's pod gets, placed on this machine: loopback
-        only, its own uid range, state in a traversable temp directory, the installed judge files (the
-        server's default judge_dir, hash-checked before every judge run), the pool's GPUs that this machine
-        has (`pool` is already placed: api/episode.on_this_machine)."""
-        settings = server_config(pool)
-        settings |= {
-            "host": "127.0.0.1",
-            "port": int(local.sandbox_url.rsplit(":", 1)[1]),
-            "metrics_port": None,  # a pod's fixed port would collide between local servers; /metrics stays
-            "state_dir": str(local.sandbox_state / "state"),
-            # Several local servers (runs, tests) share this machine's uids: each takes its own range.
-            "uid_base": UID_BASE + secrets.randbelow(UID_RANGES) * (2 * settings["max_sessions"] + 2),
-        }
-        settings.pop("judge_dir", None)  # the pod's path is its ConfigMap mount; here the installed package
-        settings.pop("judge_seed_dir", None)  # the image's seed; this machine has none
-        config_path = local.directory / "sandbox.yaml"
-        config_path.parent.mkdir(parents=True, exist_ok=True)
-        config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
+        """`cuda-agent sandbox serve` with the config a pool's pod gets, placed on this machine as every
+        local server is (cuda_agent.sandbox.local: loopback only, its own uid range, the installed judge
+        files), on the run's fixed port, state in a traversable temp directory, the pool's GPUs that this
+        machine has (`pool` is already placed: api/episode.on_this_machine)."""
+        port = int(local.sandbox_url.rsplit(":", 1)[1])
+        settings = local_settings(server_config(pool), port, local.sandbox_state / "state")
+        config_path = write_config(settings, local.directory / "sandbox.yaml")
         argv = [part.replace("{config}", str(config_path)) for part in self.config.sandbox_command]
         return Supervised(
             name=f"sandbox {local.directory.name}",

@@ -17,24 +17,25 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, UserNamespaces, mebibytes
+from cuda_agent.api.pool_server import (
+    JUDGE_DIR,
+    STATE_DIR,
+    max_sessions,
+    server_config,
+    user_namespaced,
+)
+from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, mebibytes
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.manifests import owner_reference, with_hash
 from cuda_agent.sandbox.api import SANDBOX_METRICS_PORT, SANDBOX_PORT
-from cuda_agent.sandbox.judge.files import IMAGE_JUDGE_SEED_DIR
 
 SANDBOX_UID = 65532  # the image's unprivileged user; restricted Pod Security forbids root
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-JUDGE_DIR = "/opt/cuda-agent/judge"
 SERVER_CONFIG_DIR = "/etc/cuda-agent/sandbox"
 SERVER_CONFIG_KEY = "sandbox.yaml"
-STATE_DIR = "/var/lib/cuda-agent-sandbox"  # the server's state: session workspaces, build caches
 # Pod-level grace after SIGTERM: the server finishes the judge job in flight (build plus run) and exits.
 TERMINATION_MARGIN_SECONDS = 30
-# Sessions one pod accepts: twice the autoscaler's target leaves room for bursts before it scales up.
-SESSIONS_PER_TARGET = 2
-SESSIONS_WITHOUT_AUTOSCALING = 8
 
 
 @dataclass(frozen=True)
@@ -51,44 +52,6 @@ def _metadata(pool: PoolIdentity, name: str, component: str) -> dict[str, Any]:
         "labels": lb.child_labels(lb.POOL_LABEL, pool.name, component),
         "ownerReferences": [owner_reference(lb.API_VERSION, lb.POOL_KIND, pool.name, pool.uid)],
     }
-
-
-def max_sessions(spec: SandboxPoolSpec) -> int:
-    if spec.autoscaling is None:
-        return SESSIONS_WITHOUT_AUTOSCALING
-    return SESSIONS_PER_TARGET * spec.autoscaling.target_sessions_per_replica
-
-
-def server_config(spec: SandboxPoolSpec) -> dict[str, Any]:
-    """`cuda-agent sandbox serve --config` of the pool's pods: SandboxServerConfig fields from the spec."""
-    run_timeout = spec.limits.run_timeout_seconds
-    return {
-        "host": "0.0.0.0",
-        "port": SANDBOX_PORT,
-        "metrics_port": SANDBOX_METRICS_PORT,
-        "state_dir": STATE_DIR,
-        "judge_dir": JUDGE_DIR,
-        # Precompiled torch headers built into the image (root-owned, read-only root fs): a session's first
-        # build skips ~40 s; an image without them only logs a warning.
-        "judge_seed_dir": IMAGE_JUDGE_SEED_DIR,
-        "gpus": spec.gpu.count,
-        "max_sessions": max_sessions(spec),
-        "workspace_quota_mib": mebibytes(spec.limits.workspace_size),
-        "bash_default_timeout_s": float(min(120, run_timeout)),
-        "bash_max_timeout_s": float(run_timeout),
-        # One judge process builds once, then verifies and profiles (each a run).
-        "judge_timeout_s": float(spec.limits.build_timeout_seconds + 2 * run_timeout),
-        "agent_limits": {"processes": spec.limits.pids},
-        **_user_namespace_config(spec),
-    }
-
-
-def _user_namespace_config(spec: SandboxPoolSpec) -> dict[str, str]:
-    """A pool that requires user namespaces makes the server refuse to start without them (a visible
-    crash loop, not a silent fallback to shared /proc and /dev/shm). The pod's uid 65532 puts the server
-    in restricted mode; isolation stays auto so the local executor's root server keeps root mode, whose
-    separate uids and namespaces are a superset."""
-    return {"user_namespaces": "on"} if _user_namespaced(spec) else {}
 
 
 def judge_configmap(pool: PoolIdentity, spec: SandboxPoolSpec, judge_files: Mapping[str, str]) -> Manifest:
@@ -223,15 +186,11 @@ def _seccomp(spec: SandboxPoolSpec) -> dict[str, str]:
     return {"type": "RuntimeDefault"}
 
 
-def _user_namespaced(spec: SandboxPoolSpec) -> bool:
-    return spec.security.user_namespaces == UserNamespaces.REQUIRED
-
-
 def _proc_mount(spec: SandboxPoolSpec) -> dict[str, str]:
     """The runtime masks parts of a container's /proc, and the kernel refuses a new proc mount (the PID
     namespace's own /proc the launcher mounts) wherever /proc is partly covered. Unmasked is valid only
     with hostUsers false, where the pod's user namespace keeps it from reaching the node's /proc files."""
-    return {"procMount": "Unmasked"} if _user_namespaced(spec) else {}
+    return {"procMount": "Unmasked"} if user_namespaced(spec) else {}
 
 
 def _state_size(spec: SandboxPoolSpec) -> str:
@@ -350,7 +309,7 @@ def statefulset(
         pod_spec["nodeSelector"] = {GPU_PRODUCT_LABEL: spec.gpu.product}
     if spec.security.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.security.runtime_class_name
-    if _user_namespaced(spec):
+    if user_namespaced(spec):
         pod_spec["hostUsers"] = False  # uid 65532 inside maps to an unprivileged uid range on the node
     return with_hash(
         {

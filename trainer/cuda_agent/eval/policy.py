@@ -142,13 +142,14 @@ class PolicyBackends:
 
 @contextmanager
 def local_sandbox() -> Iterator[str]:
-    """A sandbox server on this machine with the installed real judge (the one the trainer's
-    demonstrations use), for runs given no --sandbox URL."""
-    from cuda_agent.trainer.demonstrations import sandbox_server
+    """A sandbox server on this machine with the installed real judge and the server's defaults
+    (cuda_agent.sandbox.local, as the trainer's demonstrations start theirs), for runs given no --sandbox
+    URL."""
+    from cuda_agent.sandbox.local import local_server
 
     # A root-mode server binds tmpfs over /tmp for its children, so its state must live elsewhere.
     parent = Path("/var/lib/cuda-agent-eval") if os.geteuid() == 0 else None
-    with sandbox_server(None, parent) as url:
+    with local_server(None, parent) as url:
         yield url
 
 

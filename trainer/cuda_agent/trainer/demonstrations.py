@@ -23,9 +23,6 @@ import asyncio
 import json
 import logging
 import os
-import secrets
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,19 +31,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cuda_agent.agent.chat import ChatCodec
 from cuda_agent.agent.config import AgentConfig
 from cuda_agent.agent.loop import AgentLoop
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.api.episode import episode_settings, on_this_machine
 from cuda_agent.api.loader import load_resource_file
+from cuda_agent.api.pool_server import server_config
 from cuda_agent.api.sandboxpool import SandboxPool
 from cuda_agent.api.trainingrun import TrainingRun
 from cuda_agent.rollout.base import SamplingParams
 from cuda_agent.rollout.replay import ReplayBackend
 from cuda_agent.sandbox.api import Device, TaskRef
+from cuda_agent.sandbox.local import local_server
+from cuda_agent.storage.claims import prepare_pvc_root
 from cuda_agent.trainer.rollout import run_codec
 
 log = logging.getLogger(__name__)
@@ -118,43 +116,12 @@ def demonstration_replies(files: Mapping[str, str], max_turns: int) -> list[str]
 
 @contextmanager
 def sandbox_server(pool: SandboxPool | None, parent: Path | None = None) -> Iterator[str]:
-    """`cuda-agent sandbox serve` with the config the run's pool gives its servers (as the operator's local
-    executor places it on this machine: loopback, the installed real judge, the pool's GPUs this machine
-    has; without a pool, every GPU it has); yields its URL. Its state goes below `parent` (default: the
-    temp dir; a root-mode server cannot keep it below /tmp)."""
-    from cuda_agent.operator.pool_children import server_config
-
-    settings: dict[str, Any] = server_config(on_this_machine(pool.spec)) if pool is not None else {}
-    settings.pop("judge_dir", None)
-    settings.pop("judge_seed_dir", None)  # the image's seed; this machine has none
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="cuda-agent-demos-", dir=parent))
-    os.chmod(root, 0o711)  # the sessions' uids must reach their workspaces below it
-    settings |= {"host": "127.0.0.1", "port": 0, "state_dir": str(root / "state"), "metrics_port": None}
-    settings["uid_base"] = 150_000 + secrets.randbelow(64) * 2 * (int(settings.get("max_sessions", 8)) + 1)
-    config = root / "sandbox.yaml"
-    config.write_text(yaml.safe_dump(settings, sort_keys=False))
-    log_path = root / "server.log"
-    with log_path.open("wb") as log_file:
-        command = [sys.executable, "-m", "cuda_agent.cli", "sandbox", "serve", "--config", str(config)]
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file)
-    try:
-        assert proc.stdout is not None
-        line = b""
-        while proc.poll() is None and not line.startswith(b"{"):
-            line = proc.stdout.readline()
-        if not line.startswith(b"{"):
-            raise RuntimeError(f"the sandbox server did not start:\n{log_path.read_text()[-3000:]}")
-        yield str(json.loads(line)["url"])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(root, ignore_errors=True)
+    """`cuda-agent sandbox serve` with the config the run's pool gives its servers, placed on this machine
+    as the operator's local executor places it (cuda_agent.sandbox.local: loopback, the installed real
+    judge, the pool's GPUs this machine has; without a pool, the server's defaults); yields its URL."""
+    settings = server_config(on_this_machine(pool.spec)) if pool is not None else {}
+    with local_server(settings, parent) as url:
+        yield url
 
 
 async def demonstrate(
@@ -215,10 +182,7 @@ def generate(
     run, pool = run_documents(run_file)
     config = agent_config(run, pool)
     with tempfile.TemporaryDirectory(prefix="cuda-agent-pvc-") as pvc:
-        from cuda_agent.demo import (
-            prepare_pvc_root,
-        )  # pvc://models and pvc://examples as the demo mounts them
-
+        # pvc://models and pvc://examples as the demo mounts them
         os.environ["CUDA_AGENT_PVC_ROOT"] = str(prepare_pvc_root(Path(pvc)))
         codec = load_codec(run)
         tasks = {t.name: t for t in run_tasks(run)}
