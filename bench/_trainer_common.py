@@ -9,6 +9,7 @@ import sys
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +23,9 @@ if importlib.util.find_spec("opentelemetry") is None and "cuda_agent.agent" not 
     _agent = types.ModuleType("cuda_agent.agent")
     _agent.__path__ = list(_spec.submodule_search_locations)
     sys.modules["cuda_agent.agent"] = _agent
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fixtures.tiny_model import TINY_SHAPE
 
 from cuda_agent.api.trainingrun import TrainingRun, TrainingRunSpec
 
@@ -54,15 +58,7 @@ CONFIGS = {
         vocab_size=152_064,
         tie_word_embeddings=False,
     ),
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=1000,
-        tie_word_embeddings=True,
-    ),
+    "tiny": dict(**TINY_SHAPE, vocab_size=1000, tie_word_embeddings=True),  # the tests' tiny shape
 }
 
 

@@ -2,8 +2,10 @@
 
 The mode comes from the operator <-> trainer contract (`TrainerEnv.status_mode`): "kubernetes" patches the
 trainer-owned fields of the TrainingRun's status subresource (step, metrics, lastCheckpoint, rollout) through
-the API models; "file" appends one JSON line per report (the local executor and tests read it); "none" only
-logs. Torch-free, so the operator and tests import it.
+the API models; "file" appends one JSON line per report (tests and a trainer run by hand read it); "none"
+only logs. The trainer (cli, driver) is its only user in the package; it is torch-free so tests import it
+cheaply. The operator never reads it: its local executor hands the trainer status_mode "kubernetes" with a
+token of the run's trainer ServiceAccount, as a pod gets.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from agent_helpers import SMOLLM2_GGUF, smollm2_dir, start_sandbox
+from fixtures.tiny_model import build_tiny_model
 from sandbox_helpers import RunningServer, cleanup
 
 
@@ -21,21 +22,9 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_model(tokenizer: Any) -> Any:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
+    return build_tiny_model(
+        len(tokenizer), family="llama", max_position_embeddings=8192, tie_word_embeddings=True
     )
-    return LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+from fixtures.tiny_model import TINY_SHAPE, build_tiny_model  # noqa: E402
+
 log = logging.getLogger("rollout_hf_gpu")
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -81,16 +84,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},  # transformers 5 spelling
         tie_word_embeddings=True,
     ),
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    ),
+    "tiny": dict(**TINY_SHAPE, vocab_size=512, max_position_embeddings=4096, tie_word_embeddings=True),
 }
 # Per-model defaults of the knobs (flags override): prompt lengths, tokens per turn, concurrency sweep.
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -121,17 +115,11 @@ class Ctx:
 
 
 def build_model(shape: str, dtype: Any, device: Any, init_std: float, seed: int) -> Any:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(**SHAPES[shape], initializer_range=init_std)
-    torch.manual_seed(seed)
     # Built in `dtype` as from_pretrained(dtype=...) builds it: the rotary inv_freq buffer stays fp32
     # (model.to(bf16) would round it, and a saved-and-loaded copy would then compute other angles).
-    factory: Any = Qwen2ForCausalLM
-    with torch.device(device):
-        model = factory._from_config(config, dtype=dtype)
-    return model.eval()
+    return build_tiny_model(
+        seed=seed, dtype=dtype, device=device, initializer_range=init_std, **SHAPES[shape]
+    )
 
 
 def tokens(rng: random.Random, n: int, vocab: int, eos: int) -> list[int]:

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from cuda_agent.api.trainingrun import TrainingRunSpec
+from cuda_agent.operator.compute import Compute
 from cuda_agent.operator.conditions import Condition
-from cuda_agent.operator.executor import Compute
 from cuda_agent.operator.run_children import RunContext
 from cuda_agent.operator.run_reconciler import decide_failure, timed
 from cuda_agent.operator.run_record import RunRecord

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fixtures.ray_start import init_ray
+from fixtures.tiny_model import build_tiny_model
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -20,22 +21,11 @@ VOCAB = 64
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
+    model = build_tiny_model(
+        VOCAB, hidden_size=32, intermediate_size=64, max_position_embeddings=512, tie_word_embeddings=False
     )
-    torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("tiny-qwen2")
-    Qwen2ForCausalLM(config).save_pretrained(directory)
+    model.save_pretrained(directory)
     return directory
 
 

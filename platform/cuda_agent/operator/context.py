@@ -1,4 +1,6 @@
-"""What every reconcile pass reads and writes through: settings, the API client, the watch indexes."""
+"""What every reconcile pass reads and writes through: settings, the API client, the watch indexes, and
+the executor a run's training runs on (the RunExecutor protocol: executor.py and local_executor.py
+implement it and import this module, never the reverse)."""
 
 from __future__ import annotations
 
@@ -6,17 +8,17 @@ import asyncio
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
+from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator.autoscaler import History
+from cuda_agent.operator.compute import Compute
 from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.operator.demand import ProbeSettings
 from cuda_agent.operator.kube import Kube, Manifest
+from cuda_agent.operator.run_children import RunContext
 from cuda_agent.operator.views import ChildView, PodView
 from cuda_agent.operator.workqueue import Key, WorkQueue
-
-if TYPE_CHECKING:  # the executors import this module
-    from cuda_agent.operator.executor import RunExecutor
 
 V = TypeVar("V", covariant=True)
 
@@ -48,6 +50,39 @@ class OwnWrites:
     status: dict[str, Any] = field(default_factory=dict)
     status_at: float = 0.0  # monotonic time of the last status write (the pools' write rate limit)
     annotations: dict[str, str | None] = field(default_factory=dict)  # None: removed
+
+
+class RunExecutor(Protocol):
+    """The operations a reconcile pass asks of an executor; every call is idempotent (level-based)."""
+
+    gang_admission: bool  # whether a run's GPUs come from the cluster's nodes (checked before start)
+
+    async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute: ...
+
+    async def ensure(
+        self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec
+    ) -> tuple[list[str], list[str]]:
+        """Create what is missing (platform first, then the trainer); returns (what it created or
+        started, errors as text)."""
+        ...
+
+    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> list[str]:
+        """Stop everything that holds resources; with `keep_finished` a finished trainer's record (pod,
+        logs) stays, otherwise (suspension) it goes too, so resuming starts a new trainer. Returns what
+        it deleted or stopped."""
+        ...
+
+    async def log_tail(self, context: OperatorContext, run: RunContext, lines: int) -> str:
+        """The last lines the (failed) trainer wrote, or why they cannot be read."""
+        ...
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The run was deleted: stop whatever is left of it."""
+        ...
+
+    async def close(self) -> None:
+        """The operator stops."""
+        ...
 
 
 @dataclass

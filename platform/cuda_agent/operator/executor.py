@@ -1,4 +1,5 @@
-"""Where a TrainingRun's training runs: the seam below the run reconciler.
+"""The cluster executor: a TrainingRun's training in pods (the RunExecutor seam below the run reconciler;
+the protocol lives in context.py, with the context that holds an executor).
 
 The reconcile pass (run_reconciler) is the same in every mode: validate, write the trainer's identity and
 run file, decide suspension, then ask its executor what runs now (`observe`), to create what is missing
@@ -11,14 +12,14 @@ cannot run pods.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, Protocol
 
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.apply import apply_changed
+from cuda_agent.operator.compute import Compute, DriverState
 from cuda_agent.operator.conditions import parse_rfc3339
+from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.kube import KubeError, Ref
 from cuda_agent.operator.run_children import (
     RunContext,
@@ -30,62 +31,10 @@ from cuda_agent.operator.run_children import (
 )
 from cuda_agent.operator.views import ChildView, PodView
 
-if TYPE_CHECKING:
-    from cuda_agent.operator.context import OperatorContext
-
-DriverState = Literal["absent", "pending", "active", "complete", "failed"]
 LOG_TAIL_LINES = 20  # of a failed trainer, copied into the Failed condition
 # Container states that will not fix themselves quickly; the start timeout names them as its reason.
 STUCK_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                  "CreateContainerError")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Compute:
-    """What runs a run's training now, as a reconcile pass sees it."""
-
-    exists: bool  # something is left to remove (suspension removes even a finished trainer's pod)
-    ready: bool  # the trainer's platform is up (Ray cluster; locally the sandbox server)
-    ready_message: str
-    driver: DriverState  # the trainer process
-    driver_message: str
-    starting_reason: str = "StartingRayCluster"  # Provisioning's reason while `ready` is False
-    failure_reason: str = "DriverFailed"  # CamelCase cause when `driver` is "failed", e.g. OOMKilled
-    stuck: tuple[str, str] | None = None  # (reason, message) of a pod that cannot start, e.g. Unschedulable
-    since: datetime | None = None  # creation of the oldest part of it the apiserver shows (None: unknown)
-
-
-class RunExecutor(Protocol):
-    """The operations a reconcile pass asks of an executor; every call is idempotent (level-based)."""
-
-    gang_admission: bool  # whether a run's GPUs come from the cluster's nodes (checked before start)
-
-    async def observe(self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec) -> Compute: ...
-
-    async def ensure(
-        self, context: OperatorContext, run: RunContext, spec: TrainingRunSpec
-    ) -> tuple[list[str], list[str]]:
-        """Create what is missing (platform first, then the trainer); returns (what it created or
-        started, errors as text)."""
-        ...
-
-    async def remove(self, context: OperatorContext, run: RunContext, keep_finished: bool) -> list[str]:
-        """Stop everything that holds resources; with `keep_finished` a finished trainer's record (pod,
-        logs) stays, otherwise (suspension) it goes too, so resuming starts a new trainer. Returns what
-        it deleted or stopped."""
-        ...
-
-    async def log_tail(self, context: OperatorContext, run: RunContext, lines: int) -> str:
-        """The last lines the (failed) trainer wrote, or why they cannot be read."""
-        ...
-
-    def forget(self, namespace: str, name: str) -> None:
-        """The run was deleted: stop whatever is left of it."""
-        ...
-
-    async def close(self) -> None:
-        """The operator stops."""
-        ...
 
 
 def driver_state(driver: PodView | None, backoff_limit: int) -> tuple[DriverState, str, str]:

@@ -21,9 +21,9 @@ import kopf
 
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.config import OperatorConfig
-from cuda_agent.operator.context import OperatorContext
+from cuda_agent.operator.context import OperatorContext, RunExecutor
 from cuda_agent.operator.events import Event, post
-from cuda_agent.operator.executor import ClusterExecutor, RunExecutor
+from cuda_agent.operator.executor import ClusterExecutor
 from cuda_agent.operator.kube import Kube, Manifest
 from cuda_agent.operator.local_executor import LocalExecutor
 from cuda_agent.operator.metrics import QUEUE_DEPTH, QUEUED_RUNS, RECONCILE_SECONDS, RECONCILES, REGISTRY

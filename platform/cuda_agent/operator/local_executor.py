@@ -23,7 +23,7 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import aiohttp
 import yaml
@@ -34,16 +34,14 @@ from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import labels as lb
+from cuda_agent.operator.compute import Compute, DriverState
 from cuda_agent.operator.config import OperatorConfig
-from cuda_agent.operator.executor import Compute, DriverState
+from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.kube import KubeError, Ref
 from cuda_agent.operator.run_children import RunContext, run_config, trainer_env
 from cuda_agent.operator.tenancy import ARTIFACTS_ENV_NAMES
 from cuda_agent.sandbox.local import local_settings, traversable_temp_dir, write_config
 from cuda_agent.storage.config import ENV_NAMES
-
-if TYPE_CHECKING:
-    from cuda_agent.operator.context import OperatorContext
 
 log = logging.getLogger(__name__)
 ProcessState = Literal["starting", "running", "backoff", "succeeded", "failed", "stopped"]

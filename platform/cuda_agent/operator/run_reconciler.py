@@ -35,6 +35,7 @@ from cuda_agent.operator.admission import (
     read_capacity,
 )
 from cuda_agent.operator.apply import apply_changed
+from cuda_agent.operator.compute import Compute
 from cuda_agent.operator.conditions import (
     Condition,
     find,
@@ -46,7 +47,7 @@ from cuda_agent.operator.conditions import (
 from cuda_agent.operator.config import OperatorConfig
 from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.events import Event, changed_fields, condition_events, log_pass, post
-from cuda_agent.operator.executor import LOG_TAIL_LINES, Compute
+from cuda_agent.operator.executor import LOG_TAIL_LINES
 from cuda_agent.operator.kube import KubeError, Manifest, Ref
 from cuda_agent.operator.run_children import (
     RunContext,
