@@ -129,10 +129,10 @@ def _setter(fn: Callable[..., Any]) -> Callable[[Any], Any]:
 
     def write(value: Any) -> Any:
         if isinstance(value, tuple):
-            try:
+            # (allow, allow_splitk) pairs are arguments; anything else (a priority order) is one list.
+            if all(isinstance(v, bool) for v in value):
                 return fn(*value)
-            except TypeError:
-                return fn(value[0])
+            return fn(list(value))
         return fn(value)
 
     return write
@@ -268,14 +268,20 @@ class Snapshot:
 
     def restore(self, keys: list[str]) -> list[str]:
         """Write the snapshot's values of `keys` back (all first, then check: one setter often moves
-        several readers); returns the keys still not equal to the snapshot."""
+        several readers, and writing one back can move another, as the TF32 flag and the fp32_precision
+        settings do; so a second pass writes whatever still differs); returns the keys still differing."""
         by_key = {s.key: s for s in self.settings}
-        with _quiet():
-            for key in keys:
-                setting = by_key[key]
-                if setting.write is not None:
-                    try:
-                        setting.write(self.values[key])
-                    except Exception:
-                        continue
-        return [key for key in keys if _try_read(by_key[key]) != self.values[key]]
+        pending = list(keys)
+        for _ in range(3):
+            with _quiet():
+                for key in pending:
+                    setting = by_key[key]
+                    if setting.write is not None:
+                        try:
+                            setting.write(self.values[key])
+                        except Exception:
+                            continue
+            pending = [key for key, _, _ in self.changes()]
+            if not pending:
+                break
+        return pending
