@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.sandbox.judge import screen
-from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR, JUDGE_SEED_ENV
+from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR, IMAGE_JUDGE_SEED_DIR, JUDGE_SEED_ENV
 
 FROZEN_DIR = Path(__file__).parent / FROZEN_SUBDIR
 WORKSPACE_MODULE = "cuda_extension"
@@ -556,7 +556,7 @@ def _ensure_pch(
     if gch.exists():
         cache.touch(gch)
         return key, header, ""
-    seed = os.environ.get(JUDGE_SEED_ENV)
+    seed = os.environ.get(JUDGE_SEED_ENV) or image_seed()
     seeded = seeded_pch(Path(seed), key, source) if seed else None
     if seeded is not None:
         return (
@@ -830,6 +830,22 @@ def _sha256(path: Path) -> str:
 
 
 # --- workspace layout: kernels/*.cu | *.cpp, kernels/*_binding.cpp, frozen binding.cpp ---------------------
+
+
+def image_seed(path: str = IMAGE_JUDGE_SEED_DIR) -> str | None:
+    """The sandbox image's judge seed, for a judge that $CUDA_AGENT_JUDGE_SEED points nowhere (the CLI in
+    the image; the session server always names its seed): used only when it and every directory above it
+    are root-owned and writable by root alone, as sandbox_image/Dockerfile builds it, so that nothing a
+    judge or an agent could write is ever compiled into a build (docs/judge.md, "The judge seed")."""
+    current = Path(path)
+    for part in (current, *current.parents):
+        try:
+            info = part.lstat()
+        except OSError:
+            return None
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+            return None
+    return str(current)
 
 
 def remove_frozen_copies(candidate: Path) -> list[str]:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,11 @@ class JudgeService:
         self.zygote = zygote
         self.work = work
         self.digest = local_service.judge_digest()
+        self.active = 0
+        self.last_activity = time.monotonic()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.active += 1
         try:
             sock = writer.get_extra_info("socket")
             if sock is None or local_service.peer_uid(sock) != os.getuid():
@@ -54,6 +59,8 @@ class JudgeService:
             with contextlib.suppress(ConnectionError):
                 await _send(writer, {"accepted": False, "reason": f"bad request: {exc}"})
         finally:
+            self.active -= 1
+            self.last_activity = time.monotonic()
             writer.close()
 
     def check(self, request: dict[str, Any]) -> str | None:
@@ -131,7 +138,31 @@ def _prepare_socket(path: Path) -> None:
         path.unlink()  # a stale socket from a service that did not exit cleanly
 
 
-async def serve(path: Path, work: Path) -> None:
+def _single_instance(path: Path) -> int | None:
+    """Hold `<socket>.lock` for the service's life: a second service for the same socket (two `cuda-agent
+    judge` calls starting one at once, local_service.start_service) finds it held and exits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(f"{path}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+async def _exit_when_idle(service: JudgeService, idle_exit: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(min(10.0, idle_exit))
+        if service.active == 0 and time.monotonic() - service.last_activity >= idle_exit:
+            stop.set()
+
+
+async def serve(path: Path, work: Path, idle_exit: float = 0.0) -> None:
+    if _single_instance(path) is None:
+        print(f"cuda-agent judge-service: another service already serves {path}", flush=True)
+        return
     env = dict(os.environ)
     env.pop(local_service.SERVICE_ENV, None)
     zygote = await JudgeZygote.start(sys.executable, env, str(work / "zygote.log"), isolated=False)
@@ -145,9 +176,12 @@ async def serve(path: Path, work: Path) -> None:
         loop.add_signal_handler(signum, stop.set)
     print(f"judge service ready (zygote {zygote.hello.get('level')}); to use it:", flush=True)
     print(f"export {local_service.SERVICE_ENV}={path}", flush=True)
+    idle = asyncio.create_task(_exit_when_idle(service, idle_exit, stop)) if idle_exit > 0 else None
     try:
         await stop.wait()
     finally:
+        if idle is not None:
+            idle.cancel()
         server.close()
         await server.wait_closed()
         await zygote.close()
@@ -158,10 +192,18 @@ async def serve(path: Path, work: Path) -> None:
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="cuda-agent judge-service", description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", type=Path, default=local_service.default_socket_path())
+    parser.add_argument(
+        "--idle-exit",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="exit after S seconds without a request (0: never; the service `cuda-agent judge` starts "
+        "by itself on a terminal uses 1800)",
+    )
     args = parser.parse_args(list(argv))
     with tempfile.TemporaryDirectory(prefix="cuda-agent-judge-service-") as work:
         try:
-            asyncio.run(serve(args.socket, Path(work)))
+            asyncio.run(serve(args.socket, Path(work), args.idle_exit))
         except ZygoteError as exc:
             print(f"cuda-agent judge-service: {exc}", file=sys.stderr)
             return 2
