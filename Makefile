@@ -37,6 +37,7 @@ crds: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check $(wildcard platform trainer sandbox_image tests bench)
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: venv
 	$(VENV)/bin/mypy --cache-dir $(HOME)/.cache/cuda-agent/mypy $(wildcard platform/cuda_agent sandbox_image/cuda_agent trainer/cuda_agent)
