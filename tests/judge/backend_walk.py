@@ -48,7 +48,7 @@ PUBLIC_SETTER = re.compile(r"^(?:set|enable|use|allow|preferred)(?:_|$)|_enable$
 VALUES: list[Any] = [
     True, False, "high", "medium", "highest", "tf32", "ieee", "bf16", "none", "default", "cublas",
     "cublaslt", "ck", "magma", "cusolver", "warn", "nothing", "error", "x86", "qnnpack", "onednn",
-    "fbgemm", 1, 0, 2, 7, torch.float64, torch.float16, "cpu", "meta", "greedy", "optimal",
+    "fbgemm", 1, 0, 2, 7, 0.5, torch.float64, torch.float16, "cpu", "meta", "greedy", "optimal",
 ]  # fmt: skip
 
 

@@ -14,7 +14,9 @@ release, so the settings are enumerated from torch itself, in the worker, before
   `opt_einsum.strategy`), one level into the objects they hold (`cudnn.conv`, `mkldnn.matmul`, ...), the
   `fp32_precision` of every such object (an attribute torch serves from `__getattr__`, which `dir()`
   does not list), and every public reader function there (`get_*`, `is_*`, `*_enabled`, `preferred_*`);
-- the public readers of the `torch` namespace (`get_num_threads`, `get_default_dtype`, ...).
+- the public readers of the `torch` namespace (`get_num_threads`, `get_default_dtype`, ...);
+- the readers of `torch.cuda` and `torch.cuda.memory` that have a setter beside them (the caching
+  allocator's memory fraction, the sync-debug mode).
 
 A reader is kept when two reads in a row agree and give a plain value (bool, number, string, enum
 (Python or pybind11), dtype, device, or tuples of these); `Snapshot.changes()` then lists every key that
@@ -55,7 +57,7 @@ C_READER_NAME = re.compile(
 )
 # Context-dependent by design, or statistics rather than switches (module docstring).
 EXCLUDED = frozenset({"torch._C.is_grad_enabled", "torch.is_grad_enabled"})
-EXCLUDED_WORDS = ("stats",)
+EXCLUDED_WORDS = ("stats", "rng_state")  # statistics; random-number state (not a kernel choice)
 # Attributes that torch.backends objects serve from __getattr__ only (invisible to dir()).
 PROBED_ATTRIBUTES = ("fp32_precision",)
 _PLAIN = (bool, int, float, str, type(None), enum.Enum, torch.dtype, torch.device)
@@ -183,6 +185,18 @@ def _module_readers(module: Any, label: str) -> list[Setting]:
     return found
 
 
+def _settable_readers(module: Any, label: str) -> list[Setting]:
+    """The CUDA allocator's and runtime's settings: readers of `module` that have a setter beside them
+    (`get_per_process_memory_fraction` / `set_per_process_memory_fraction`, `get_sync_debug_mode`). Only
+    those: torch.cuda's other readers are device capabilities, and some of them launch work to find out."""
+    found: list[Setting] = []
+    for name in sorted(dir(module)):
+        reader, writer = getattr(module, name, None), getattr(module, "set_" + name[4:], None)
+        if name.startswith("get_") and callable(reader) and callable(writer) and _zero_arg(reader):
+            found.append(Setting(f"{label}.{name}()", reader, writer))
+    return found
+
+
 def _backend_modules() -> list[tuple[str, Any]]:
     mods: list[tuple[str, Any]] = [("torch.backends", torch.backends)]
     for info in pkgutil.iter_modules(torch.backends.__path__):
@@ -214,6 +228,9 @@ def enumerate_settings() -> list[Setting]:
             partner = _writer_name(name)
             setter = getattr(torch, partner, None) if partner else None
             candidates.append(Setting(f"torch.{name}()", fn, setter if callable(setter) else None))
+    candidates += _settable_readers(torch.cuda, "torch.cuda") + _settable_readers(
+        torch.cuda.memory, "torch.cuda.memory"
+    )
     kept: dict[str, Setting] = {}
     for setting in candidates:
         if setting.key in EXCLUDED or setting.key.rstrip("()") in EXCLUDED:
