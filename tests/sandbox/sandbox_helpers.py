@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.sandbox.client import SyncSandboxClient
+from cuda_agent.sandbox.server.workspace_fs import remove_tree
 
 HERE = Path(__file__).parent
 FAKE_JUDGE_DIR = HERE / "fake_judge"
@@ -181,7 +181,9 @@ def start_server(
 
 def cleanup(server: RunningServer) -> None:
     server.stop()
-    shutil.rmtree(server.state_dir.parent, ignore_errors=True)
+    # rm, not shutil.rmtree: a test's session may leave a 2,000-deep tree in the trash (the server's own
+    # background removal may not have reached it), and shutil.rmtree recurses into RecursionError there.
+    remove_tree(server.state_dir.parent)
 
 
 RESTRICTED_SERVER_UID = 60900  # no passwd entry needed
