@@ -94,8 +94,8 @@ def check(state: Path, code: Path, user_namespaces: str) -> dict[str, object]:
     """As the sandbox uid: build the server's judge spec (user-namespaced, or the restricted fallback with
     `off`) and run a probe, an agent command and one GPU judgement."""
     sys.path[:0] = _paths(code).split(os.pathsep)
+    from cuda_agent.api.judge_files import JUDGE_USER
     from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
-    from cuda_agent.sandbox.judge.files import JUDGE_USER
     from cuda_agent.sandbox.server.config import SandboxServerConfig
     from cuda_agent.sandbox.server.isolation import Isolation
 

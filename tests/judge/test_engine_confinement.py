@@ -44,7 +44,7 @@ UNDER_SERVER_RULES = """
 import os, sys
 from pathlib import Path
 from cuda_agent.sandbox.judge import confinement
-from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV
+from cuda_agent.api.judge_files import JUDGE_OUTSIDE_PROC_ENV
 outside = os.pathsep.join(confinement.readable_outside(Path("/proc")))  # what the server passes
 reads = confinement.FS_READ_FILE | confinement.FS_READ_DIR
 rules = [(Path(p), reads) for p in confinement.readable_outside(Path(sys.argv[1]))]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from cuda_agent.api.judge_files import JUDGE_SEED_ENV
 from cuda_agent.sandbox.judge import build
-from cuda_agent.sandbox.judge.files import JUDGE_SEED_ENV
 
 FAKE_CXX = """#!/bin/sh
 echo "$*" >> "$(dirname "$0")/calls.log"

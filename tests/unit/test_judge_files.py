@@ -1,14 +1,16 @@
-"""The judge's file contract (cuda_agent.sandbox.judge.files): one set of judge files and one hash, shared by
+"""The judge's file contract (cuda_agent.api.judge_files): one set of judge files and one hash, shared by
 the operator (ConfigMap, pod annotation), the server (checked before every run) and the judge itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from cuda_agent.sandbox.judge import build, files, orchestrator
+from cuda_agent.api import judge_files as files
+from cuda_agent.sandbox.judge import build, orchestrator
 from cuda_agent.sandbox.server import judge_runner
 
 
@@ -28,8 +30,11 @@ def test_every_side_names_the_same_judge_directory_and_frozen_files() -> None:
     assert files.package_judge_dir() / files.FROZEN_SUBDIR == build.FROZEN_DIR
     assert all((build.FROZEN_DIR / name).is_file() for name in files.FROZEN_FILES)
     shipped = pool_reconciler.judge_files()
-    assert "files.py" in shipped and "orchestrator.py" in shipped  # the contract ships with the judge
-    assert set(shipped) <= set(files.hash_judge_dir(files.package_judge_dir()))
+    assert "orchestrator.py" in shipped
+    hashed = files.hash_judge_files(files.package_judge_dir())
+    assert set(shipped) <= set(hashed)
+    # The judge's contract modules in cuda_agent.api (outside its directory) are hashed with the judge.
+    assert {files.JUDGE_CONTRACT_PREFIX + name for name in files.JUDGE_CONTRACT_MODULES} <= set(hashed)
     assert pool_reconciler.judge_files_hash() == files.shipped_digest(shipped)
 
 
@@ -61,13 +66,13 @@ def test_a_changed_added_removed_or_relinked_file_changes_the_hash(tmp_path: Pat
 def test_the_server_hashes_the_judge_with_the_contract(tmp_path: Path) -> None:
     assert files.hash_judge_dir(tmp_path / "missing") == {}
     (tmp_path / "judge.py").write_text("print(1)\n")
-    assert judge_runner.hash_judge_dir is files.hash_judge_dir
+    assert judge_runner.hash_judge_files is files.hash_judge_files
     assert files.shipped_judge_files(tmp_path) == {"judge.py": "print(1)\n"}
 
 
 def test_the_operator_ships_the_frozen_cpp_files() -> None:
     """Sessions in a pod copy frozen/binding.cpp and binding_registry.h from the shipped judge directory."""
-    from cuda_agent.sandbox.judge.files import (
+    from cuda_agent.api.judge_files import (
         FROZEN_FILES,
         FROZEN_SUBDIR,
         package_judge_dir,
@@ -77,3 +82,17 @@ def test_the_operator_ships_the_frozen_cpp_files() -> None:
     shipped = shipped_judge_files(package_judge_dir())
     for name in FROZEN_FILES:
         assert f"{FROZEN_SUBDIR}/{name}" in shipped
+
+
+def test_every_module_of_the_api_layer_a_judge_runs_is_hashed_with_the_judge() -> None:
+    """What the judge's CLI, orchestrator and worker import from cuda_agent.api is among the judge's hashed
+    files (JUDGE_CONTRACT_MODULES): an edit to any of it is judge-tampered like an edit to the judge."""
+    code = (
+        "import sys, json, cuda_agent.sandbox.judge.cli, cuda_agent.sandbox.judge.orchestrator, "
+        "cuda_agent.sandbox.judge.worker; "
+        "print(json.dumps([m.__file__ for n, m in sys.modules.items() if n.startswith('cuda_agent.api')]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = {Path(path).name for path in json.loads(out.stdout)}
+    assert loaded <= set(files.JUDGE_CONTRACT_MODULES), loaded
+    assert all(Path(path).parent == files.contract_dir() for path in json.loads(out.stdout))

@@ -38,7 +38,8 @@ def test_the_contract_needs_only_pydantic() -> None:
         "cuda_agent.sandbox.judge",
         "cuda_agent.sandbox.judge.config",
         # the judge's environment names (standard library only), which the verdict model's module reads
-        "cuda_agent.sandbox.judge.files",
+        "cuda_agent.api",
+        "cuda_agent.api.judge_files",
     }
     assert not {"torch", "aiohttp", "kopf", "ray", "re2"} & set(loaded)
 

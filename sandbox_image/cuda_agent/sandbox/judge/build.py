@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.api.judge_files import FROZEN_FILES, FROZEN_SUBDIR, IMAGE_JUDGE_SEED_DIR, JUDGE_SEED_ENV
 from cuda_agent.sandbox.judge import screen
-from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR, IMAGE_JUDGE_SEED_DIR, JUDGE_SEED_ENV
 
 FROZEN_DIR = Path(__file__).parent / FROZEN_SUBDIR
 WORKSPACE_MODULE = "cuda_extension"

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cuda_agent.sandbox.judge.files import JUDGE_CACHE_ENV
+from cuda_agent.api.judge_files import JUDGE_CACHE_ENV
 
 Device = Literal["cpu", "cuda"]
 Precision = Literal["strict-fp32", "tf32"]

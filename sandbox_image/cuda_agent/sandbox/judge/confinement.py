@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV, JUDGE_USER
+from cuda_agent.api.judge_files import JUDGE_OUTSIDE_PROC_ENV, JUDGE_USER
 
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from cuda_agent.sandbox.judge.files import hash_judge_dir, package_judge_dir
+from cuda_agent.api.judge_files import hash_judge_files, package_judge_dir
 
 SERVICE_ENV = "CUDA_AGENT_JUDGE_SERVICE"
 AUTO_ENV = "CUDA_AGENT_JUDGE_AUTO_SERVICE"
@@ -47,7 +47,7 @@ def judge_digest() -> str:
     """Digest of the judge files this process would run: a service started before they changed is not
     used (its zygote preloaded the old ones)."""
     digest = hashlib.sha256()
-    for path, value in sorted(hash_judge_dir(package_judge_dir()).items()):
+    for path, value in sorted(hash_judge_files(package_judge_dir()).items()):
         digest.update(f"{path}\0{value}\0".encode())
     return digest.hexdigest()
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from cuda_agent.api.judge_files import hash_judge_files
 from cuda_agent.sandbox import gpu_lock
 from cuda_agent.sandbox.judge import (
     build,
@@ -45,7 +46,6 @@ from cuda_agent.sandbox.judge import (
 from cuda_agent.sandbox.judge import task as task_lib
 from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeVerdict, milestone_reward
 from cuda_agent.sandbox.judge.errors import RunStopped, TaskFailure, UsageError
-from cuda_agent.sandbox.judge.files import hash_judge_dir
 from cuda_agent.sandbox.judge.references import References, TrialReference, baseline_seeds, compute_references
 from cuda_agent.sandbox.judge.worker_session import WorkerSession
 
@@ -531,7 +531,7 @@ class Orchestrator:
 
     def judge_with_workers(self) -> JudgeVerdict:
         res = self.result
-        judge_hashes = hash_judge_dir(JUDGE_DIR)
+        judge_hashes = hash_judge_files(JUDGE_DIR)
         res.isolation["judge_dumpable"] = confinement.make_non_dumpable()
         master = read_master_seed(self.cfg.seed_file)
         res.seed_id = hashlib.sha256(master).hexdigest()[:12]
@@ -560,7 +560,7 @@ class Orchestrator:
             else:
                 workspace.cleanup()
         res.seconds.verify += res.steps_s.get("references", 0.0)
-        if hash_judge_dir(JUDGE_DIR) != judge_hashes:
+        if hash_judge_files(JUDGE_DIR) != judge_hashes:
             res.violations.append("judge-tampered: the judge's files changed during the run")
         res.violations = list(dict.fromkeys(res.violations))
         res.reward = milestone_reward(

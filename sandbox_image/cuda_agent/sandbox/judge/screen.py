@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuda_agent.sandbox.judge.files import FROZEN_FILES
+from cuda_agent.api.judge_files import FROZEN_FILES
 
 # Top-level modules a candidate may import; anything else is `static.import` unless a specific code applies.
 ALLOWED_IMPORTS = frozenset(

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import cuda_agent
+from cuda_agent.api.judge_files import JUDGE_OUTSIDE_PROC_ENV
 from cuda_agent.sandbox.judge.confinement import proc_without_pids, readable_outside
-from cuda_agent.sandbox.judge.files import JUDGE_OUTSIDE_PROC_ENV
 from cuda_agent.sandbox.server.config import ProcessLimits, SandboxServerConfig
 from cuda_agent.sandbox.server.init import init_pid
 from cuda_agent.sandbox.server.seccomp_bpf import FilterPolicy, build_filter

@@ -27,18 +27,18 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 from pydantic import ValidationError
 
-from cuda_agent.sandbox.api import MAX_CANDIDATE_FILES
-from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
-from cuda_agent.sandbox.judge.files import (
+from cuda_agent.api.judge_files import (
     FROZEN_FILES,
     JUDGE_CACHE_ENV,
     JUDGE_SEED_ENV,
     JUDGE_USER,
     SKIP_DIRS,
     changed_paths,
-    hash_judge_dir,
+    hash_judge_files,
     package_judge_dir,
 )
+from cuda_agent.sandbox.api import MAX_CANDIDATE_FILES
+from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
 from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
 from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_group, kill_uid_processes
 from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
@@ -101,7 +101,7 @@ class JudgeService:
         self.isolation = isolation
         self.metrics = metrics
         self.judge_dir = config.judge_dir or package_judge_dir()
-        self.baseline = hash_judge_dir(self.judge_dir)
+        self.baseline = hash_judge_files(self.judge_dir)
         self.intact = True
         self.jobs_dir = config.state_dir / "jobs"
         self.gpu_dir = config.state_dir / "gpu"
@@ -140,7 +140,7 @@ class JudgeService:
             )
 
     def changed_judge_files(self) -> list[str]:
-        return changed_paths(self.baseline, hash_judge_dir(self.judge_dir))
+        return changed_paths(self.baseline, hash_judge_files(self.judge_dir))
 
     async def run(self, job: JudgeJob) -> JudgeRun:
         """One judge run, traced as a `judge_run` span with the judge's build / verify / profile phases

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from cuda_agent.sandbox.judge.files import FROZEN_FILES, FROZEN_SUBDIR
+from cuda_agent.api.judge_files import FROZEN_FILES, FROZEN_SUBDIR
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 from cuda_agent.sandbox.server.isolation import (
     AGENT_WRITABLE_DIRS,

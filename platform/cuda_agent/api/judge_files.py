@@ -1,14 +1,16 @@
-"""The judge's file contract: which files make up the judge, the frozen files every workspace gets, and how
-both are hashed.
+"""The judge's file contract: which files make up the judge, the frozen files every workspace gets, how both
+are hashed, and the environment the server gives the judge.
 
-Standard library only: the operator (no torch, no sandbox dependencies) ships these files in a ConfigMap and
-stamps their digest on the pods; the server hashes them before every judge run; the judge hashes its own
-directory around each run. All three must agree on what "the judge's files" are, so they live here.
+Standard library only: the operator (no torch, no sandbox dependencies) ships the judge's files in a ConfigMap
+and stamps their digest on the pods; the server hashes them before every judge run; the judge hashes them
+around each run, and its worker reads the environment names. All of them must agree on what "the judge's
+files" are, so that lives here, in the bottom layer every part imports.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,9 +39,27 @@ JUDGE_USER = "cuda-agent-judge"
 IMAGE_JUDGE_SEED_DIR = "/opt/cuda-agent/judge-seed"
 
 
+# The modules of this layer that every judge process runs, and the package __init__ that importing them
+# executes: the judge's shared types (its options, tolerances, verdict, milestone_reward) and this contract.
+# They count among the judge's files wherever those are hashed (hash_judge_files), so a change to a tolerance
+# default or to milestone_reward is caught like a change inside the judge's own directory.
+JUDGE_CONTRACT_MODULES = ("__init__.py", "judge_files.py")
+# Their relative paths among the judge's hashed files: a name no file of the judge's directory can have.
+JUDGE_CONTRACT_PREFIX = "cuda_agent.api:"
+JUDGE_PACKAGE = "cuda_agent.sandbox.judge"
+
+
 def package_judge_dir() -> Path:
-    """The installed judge package: this module's own directory, so this contract is among the files it
-    hashes and ships (the package's __init__ imports nothing, so the operator imports this without torch)."""
+    """The installed judge package's directory, found without importing it (it needs torch, which the
+    operator image does not have; finding it imports only cuda_agent.sandbox, whose __init__ is empty)."""
+    spec = importlib.util.find_spec(JUDGE_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"the judge package {JUDGE_PACKAGE} is not installed")
+    return Path(spec.origin).resolve().parent
+
+
+def contract_dir() -> Path:
+    """Where this layer's modules (JUDGE_CONTRACT_MODULES) are installed: this module's own directory."""
     return Path(__file__).resolve().parent
 
 
@@ -78,8 +98,19 @@ def hash_judge_dir(root: Path) -> dict[str, str]:
     return digests
 
 
+def hash_judge_files(judge_dir: Path) -> dict[str, str]:
+    """hash_judge_dir(judge_dir) and the judge's contract modules of this layer (JUDGE_CONTRACT_MODULES, under
+    JUDGE_CONTRACT_PREFIX): everything of cuda-agent's own that a judge process runs."""
+    digests = hash_judge_dir(judge_dir)
+    for name in JUDGE_CONTRACT_MODULES:
+        digest = entry_digest(contract_dir() / name)
+        if digest is not None:
+            digests[JUDGE_CONTRACT_PREFIX + name] = digest
+    return digests
+
+
 def changed_paths(baseline: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """Paths added, removed or changed between two hash_judge_dir results."""
+    """Paths added, removed or changed between two hash_judge_dir (or hash_judge_files) results."""
     return sorted(k for k in set(baseline) | set(current) if baseline.get(k) != current.get(k))
 
 
