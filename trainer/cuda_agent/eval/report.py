@@ -6,9 +6,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cuda_agent.eval import metrics
 from cuda_agent.eval.models import EvalConfig, EvalReport, LevelSummary, TaskResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def build_report(
@@ -166,8 +170,22 @@ def plot(report: EvalReport, rows: Sequence[TaskResult], out_dir: Path) -> list[
     import matplotlib.pyplot as plt
 
     written = []
+    for name, fig in (("levels.png", levels_figure(report)), ("speedups.png", speedups_figure(rows))):
+        written.append(out_dir / name)
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
+
+def levels_figure(report: EvalReport) -> Figure:
+    """Bars per level of the three rates; the legend sits right of the axes, never over a bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     summaries = [*report.levels, report.overall]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(summaries)), 3.6))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(summaries)) + 1.2, 3.6), layout="constrained")
     width = 0.27
     for i, (label, attr) in enumerate(
         (("correct", "pass_rate"), ("> eager", "faster_than_eager"), ("> compile", "faster_than_compile"))
@@ -177,14 +195,21 @@ def plot(report: EvalReport, rows: Sequence[TaskResult], out_dir: Path) -> list[
     ax.set_xticks(range(len(summaries)), [s.level for s in summaries])
     ax.set_ylabel("% of candidates")
     ax.set_ylim(0, 105)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{report.mode}: {report.source} ({report.device})", fontsize=9)
-    fig.tight_layout()
-    written.append(out_dir / "levels.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.set_title(f"{report.mode}: {plot_label(report.source)} ({report.device})", fontsize=9)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+
+def speedups_figure(rows: Sequence[TaskResult]) -> Figure:
+    """Histogram of correct candidates' speedups on a log axis ticked "0.5x / 1x / 2x ..."; a line at 1x
+    (as fast as the baseline); the legend right of the axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
+
+    fig, ax = plt.subplots(figsize=(7.2, 3.6), layout="constrained")
     correct = [r for r in rows if r.correct and r.reward > 0]
     series = [
         ("vs eager", [r.speedup_eager for r in correct if r.speedup_eager]),
@@ -199,13 +224,35 @@ def plot(report: EvalReport, rows: Sequence[TaskResult], out_dir: Path) -> list[
                 ax.hist(vs, bins=edges, alpha=0.6, label=f"{label} (n={len(vs)})")
         ax.set_xscale("log")
         ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.legend(fontsize=8)
+        ax.set_xlim(min(edges[0], 0.9), max(edges[-1], 1.1))  # 1x is always on the axis
+        ax.xaxis.set_major_locator(FixedLocator(speedup_ticks(*ax.get_xlim())))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     else:
         ax.text(0.5, 0.5, "no correct candidate with a measured speedup", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("speedup (x, log scale)")
+    ax.set_xlabel("speedup (log scale)")
     ax.set_ylabel("candidates")
-    fig.tight_layout()
-    written.append(out_dir / "speedups.png")
-    fig.savefig(written[-1], dpi=110)
-    plt.close(fig)
-    return written
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts: no 0.2 of a candidate
+    return fig
+
+
+def speedup_ticks(low: float, high: float) -> list[float]:
+    """1-2-5 steps per decade between `low` and `high` (0.5, 1, 2, 5, 10, ...), thinned to at most ~10 ticks
+    by keeping whole decades only when the range is wide; 1 is always among them."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    steps = (1.0, 2.0, 5.0) if len(decades) <= 4 else (1.0,)
+    ticks = [round(m * 10.0**d, 12) for d in decades for m in steps]
+    return [t for t in ticks if low <= t <= high]
+
+
+def plot_label(source: str) -> str:
+    """A plot title names what was evaluated, not where it lives on this machine: an absolute local path
+    (`/home/me/runs/solutions`, `replay:/tmp/x/script.jsonl`) becomes its last component; URLs and hub ids
+    stay as they are."""
+    scheme, sep, rest = source.partition(":")
+    if not sep or rest.startswith("//") or "/" in scheme:
+        scheme, sep, rest = "", "", source
+    if rest.startswith(("/", "~")):
+        rest = Path(rest).name or rest
+    return f"{scheme}{sep}{rest}"

@@ -12,9 +12,12 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuda_agent.storage import join_uri, open_store
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 CURVES_FILE = "curves.png"
 SUMMARY_FILE = "summary.json"
@@ -130,22 +133,35 @@ def _warmup_fits(history: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return {stage: fit for stage, fit in fits.items() if fit is not None}
 
 
-def plot_curves(summary: dict[str, Any], path: Path) -> None:
+def curves_figure(summary: dict[str, Any]) -> Figure:
+    """One panel per curve metric, one line per stage. Steps are whole numbers, so the x ticks are too
+    (matplotlib's default locator puts 1.25, 1.5 ... between three steps). The stages' legend sits to the
+    right of the panels, never over a curve."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display in pods or CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    figure, axes = plt.subplots(1, len(CURVE_METRICS), figsize=(10, 3.5))
+    figure, axes = plt.subplots(1, len(CURVE_METRICS), figsize=(10, 3.5), layout="constrained")
     for axis, metric in zip(axes, CURVE_METRICS, strict=True):
         for stage, values in summary["stages"].items():
             if metric in values and "step" in values:
                 axis.plot(values["step"], values[metric], marker="o", label=stage)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_xlabel("step of the stage")
         axis.set_title(metric.replace("_", " "))
         axis.grid(alpha=0.3)
-        axis.legend(fontsize="small")
-    figure.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, labels, loc="outside right upper", fontsize="small", title="stage")
+    return figure
+
+
+def plot_curves(summary: dict[str, Any], path: Path) -> None:
+    figure = curves_figure(summary)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
+
     figure.savefig(path, dpi=100)
     plt.close(figure)
 
