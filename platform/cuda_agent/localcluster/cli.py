@@ -25,23 +25,41 @@ from cuda_agent.localcluster.cluster import (
 REPO_CRDS = Path(__file__).resolve().parents[3] / "crds"
 
 
+def _cluster_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """--name and --workdir: on the top parser with their defaults, and again on every subcommand (as a
+    parent) with no default, so `cluster status --name x` and `cluster --name x status` mean the same and a
+    subcommand that is not given the option keeps the value from before it."""
+    parser.add_argument(
+        "--name",
+        default="cuda-agent" if defaults else argparse.SUPPRESS,
+        help="cluster name (default: cuda-agent)",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None if defaults else argparse.SUPPRESS,
+        help="kwokctl state directory (default: ~/.cache/cuda-agent/kwok)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cuda-agent cluster", description=__doc__.splitlines()[0])
-    parser.add_argument("--name", default="cuda-agent", help="cluster name (default: %(default)s)")
-    parser.add_argument(
-        "--workdir", type=Path, help="kwokctl state directory (default: ~/.cache/cuda-agent/kwok)"
-    )
+    _cluster_options(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _cluster_options(common, defaults=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start the control plane, install CRDs, create fake GPU nodes")
+    up = sub.add_parser(
+        "up", parents=[common], help="start the control plane, install CRDs, create fake GPU nodes"
+    )
     up.add_argument("--nodes", type=int, default=16, help="fake GPU nodes (default: %(default)s)")
     up.add_argument(
         "--gpus-per-node", type=int, default=8, help="nvidia.com/gpu per node (default: %(default)s)"
     )
     up.add_argument("--gpu-product", default="NVIDIA-H200", help="nvidia.com/gpu.product label")
     up.add_argument("--crds", type=Path, default=REPO_CRDS, help="directory of CRD YAML to install")
-    sub.add_parser("down", help="stop every component and delete the cluster's state")
-    sub.add_parser("kubeconfig", help="print the kubeconfig path (for KUBECONFIG=...)")
-    status = sub.add_parser("status", help="components, apiserver readiness and nodes")
+    sub.add_parser("down", parents=[common], help="stop every component and delete the cluster's state")
+    sub.add_parser("kubeconfig", parents=[common], help="print the kubeconfig path (for KUBECONFIG=...)")
+    status = sub.add_parser("status", parents=[common], help="components, apiserver readiness and nodes")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     return parser
 
