@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from pydantic import ValidationError
 
+from cuda_agent.api.judge import DEVICES
 from cuda_agent.data.records import FILTER_ORDER, CalibrationConfig, ComposerConfig, FilterConfig
 from cuda_agent.storage import StorageError
 
@@ -65,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _filter_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--workers", type=int, default=1, help="filter processes (1: in this process)")
     parser.add_argument("--ray", action="store_true", help="fan the filters out as Ray tasks")
     parser.add_argument("--sandbox", help="sandbox server URL: run the execution filters in its sessions")
@@ -77,6 +79,11 @@ def _filter_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-ms", type=float, help="runtime filter upper bound (default 100 on cuda)")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--similarity", type=float, default=0.9, help="decontamination threshold")
+    parser.add_argument(
+        "--progress-every",
+        type=int,
+        help="off a terminal, a progress line per this many samples (default: a twentieth of the total)",
+    )
 
 
 def _check_device(args: argparse.Namespace) -> None:
@@ -102,10 +109,44 @@ def _filter_config(args: argparse.Namespace) -> FilterConfig:
     return FilterConfig.for_device(args.device, **overrides)
 
 
-def _progress_bar(total: int, description: str) -> Any:
-    from tqdm import tqdm
+class LineProgress:
+    """Progress for a log, not a terminal: one line each time the count passes a multiple of `every`, and a
+    last line at the end (tqdm's bar is redrawn with carriage returns, which a log or `kubectl logs` shows
+    as one growing line, so tqdm is used only on a terminal)."""
 
-    return tqdm(total=total, desc=description, unit="sample", file=sys.stderr, disable=None)
+    def __init__(self, total: int, description: str, every: int, stream: TextIO) -> None:
+        self.total, self.description, self.every, self.stream = total, description, max(1, every), stream
+        self.count = 0
+        self._started = time.monotonic()
+        self._printed = -1
+
+    def update(self, k: int) -> None:
+        before, self.count = self.count, self.count + k
+        if self.count // self.every > before // self.every:
+            self._line()
+
+    def _line(self) -> None:
+        if self.count == self._printed:
+            return
+        self._printed = self.count
+        elapsed = time.monotonic() - self._started
+        print(f"{self.description} {self.count}/{self.total} ({elapsed:.0f} s)", file=self.stream, flush=True)
+
+    def __enter__(self) -> LineProgress:
+        self._line()  # a log shows the work has started, long before the first `every` samples
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._line()
+
+
+def _progress_bar(total: int, description: str, every: int | None = None) -> Any:
+    """tqdm's bar on a terminal; elsewhere a line per `every` samples (default: a twentieth of the total)."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=description, unit="sample", file=sys.stderr)
+    return LineProgress(total, description, every or max(1, -(-total // 20)), sys.stderr)
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -165,7 +206,7 @@ def _synth(args: argparse.Namespace) -> int:
     else:
         composer = ProgrammaticComposer(catalogue, config.composing, config.seed)
     benchmark = synth.benchmark_index(config.benchmark)
-    with _progress_bar(config.n, "accepted") as bar:
+    with _progress_bar(config.n, "accepted", args.progress_every) as bar:
         summary = synth.run(config, composer, benchmark, progress=bar.update)
     print(summary.model_dump_json(indent=2))
     return 0 if summary.accepted >= config.n else 1
@@ -205,7 +246,7 @@ def _refilter(args: argparse.Namespace) -> int:
     from cuda_agent.data.pipeline import filter_samples
     from cuda_agent.data.published import jsonl, write_bytes
 
-    with _progress_bar(len(samples), "filtered") as bar:
+    with _progress_bar(len(samples), "filtered", args.progress_every) as bar:
         bar.update(len(samples) - len(pending))
         for start in range(0, len(pending), config.batch_size):
             batch = pending[start : start + config.batch_size]
