@@ -92,3 +92,75 @@ def test_nothing_runs_before_the_queue_is_opened() -> None:
         return before, passes[0]
 
     assert asyncio.run(scenario()) == (0, 1)
+
+
+RUN: Key = ("TrainingRun", "ns", "run")
+
+
+def test_failures_back_off_exponentially_per_key_and_a_success_resets() -> None:
+    """client-go's ItemExponentialFailureRateLimiter: base * 2^failures, capped; Forget on success."""
+
+    async def scenario() -> tuple[list[float], list[float], float, int]:
+        queue = WorkQueue(settle=0.001, failure_base=0.01, failure_max=0.05)
+        queue.open()
+        delays: list[float] = []  # the delay this pass would get if it fails, seen from inside the pass
+        others: list[float] = []
+
+        async def reconcile(key: Key) -> float | None:
+            if key == RUN:
+                others.append(queue.retry_delay(RUN))
+                return None
+            delays.append(queue.retry_delay(key))
+            if len(delays) <= 5:
+                raise RuntimeError("apiserver went away")
+            return None
+
+        worker = asyncio.create_task(queue.work(reconcile))
+        queue.add(POOL)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if len(delays) == 6:
+                break
+        queue.add(RUN)  # another key, reconciled while POOL had failed five times in a row
+        await asyncio.sleep(0.05)
+        worker.cancel()
+        return delays, others, queue.retry_delay(POOL), queue.failures(POOL)
+
+    delays, others, after, failures = asyncio.run(scenario())
+    assert delays == [0.01, 0.02, 0.04, 0.05, 0.05, 0.05]  # doubling, then the cap
+    assert others == [0.01]  # backoff is per key
+    assert (after, failures) == (0.01, 0)  # the sixth pass returned: the count is forgotten
+
+
+def test_a_watch_event_does_not_wait_out_the_backoff() -> None:
+    async def scenario() -> int:
+        queue, passes = WorkQueue(settle=0.01, failure_base=300.0), [0]
+        queue.open()
+
+        async def reconcile(key: Key) -> float | None:
+            passes[0] += 1
+            if passes[0] == 1:
+                raise RuntimeError("conflict")
+            return None
+
+        worker = asyncio.create_task(queue.work(reconcile))
+        queue.add(POOL)
+        await asyncio.sleep(0.1)  # failed once; the retry is 300 s away
+        queue.add(POOL)  # the object changed
+        await asyncio.sleep(0.1)
+        worker.cancel()
+        queue.cancel_timers()
+        return passes[0]
+
+    assert asyncio.run(scenario()) == 2
+
+
+def test_client_go_defaults() -> None:
+    queue = WorkQueue()
+    assert (queue.failure_base, queue.failure_max) == (0.005, 1000.0)
+    queue._failures[POOL] = 17
+    assert queue.retry_delay(POOL) == 655.36
+    queue._failures[POOL] = 18
+    assert queue.retry_delay(POOL) == 1000.0
+    queue._failures[POOL] = 5000
+    assert queue.retry_delay(POOL) == 1000.0

@@ -191,7 +191,7 @@ def _executor(config: OperatorConfig) -> RunExecutor:
 
 def _dispatcher(context: OperatorContext) -> Callable[[Key], Any]:
     """One pass of `key` in a reconcile span, counted and timed; an error also becomes a Warning Event
-    on the object (the work queue logs it and retries with backoff)."""
+    on the object (the work queue logs it and retries with per-key exponential backoff)."""
 
     async def reconcile(key: Key) -> float | None:
         kind, namespace, name = key
@@ -206,7 +206,8 @@ def _dispatcher(context: OperatorContext) -> Callable[[Key], Any]:
             RECONCILES.labels(kind, "error").inc()
             body = context.owner(key)
             if body is not None:
-                message = f"{type(error).__name__}: {error}; retrying in {context.queue.error_backoff:.0f} s"
+                retry = context.queue.retry_delay(key)  # what the queue will wait after this raise
+                message = f"{type(error).__name__}: {error}; retrying in {retry:.3g} s"
                 await post(context, body, [Event(True, "ReconcileError", message)])
             raise
         finally:

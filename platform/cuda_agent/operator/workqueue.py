@@ -3,6 +3,12 @@
 Watch events only *mark* an object dirty; workers reconcile the latest state. A burst of 128 pod events
 for one pool becomes a few reconcile passes, a key is never reconciled by two workers at once, and a
 pass can ask to be run again after a delay (autoscaler period, drain wait, error backoff).
+
+A pass that raises is retried after a per-key exponential backoff, as client-go's
+ItemExponentialFailureRateLimiter with the default controller limiter's numbers: 5 ms after the first
+failure, doubling with each further failure of that key, at most 1000 s; a pass that returns resets the
+key's count (client-go's Forget). A watch event still marks the key dirty at once, so a backed-off key
+whose object changes is reconciled without waiting out its delay.
 """
 
 from __future__ import annotations
@@ -19,10 +25,16 @@ Reconcile = Callable[[Key], Awaitable[float | None]]
 
 @dataclass
 class WorkQueue:
-    """Dirty keys wait `settle` seconds before a pass, so a burst of events collapses into one."""
+    """Dirty keys wait `settle` seconds before a pass, so a burst of events collapses into one.
+
+    `error_backoff` is the fixed delay a reconciler asks for itself after an error it handled (a refused
+    write); `failure_base` .. `failure_max` bound the per-key backoff after a pass that raised."""
 
     settle: float = 0.2
     error_backoff: float = 5.0
+    failure_base: float = 0.005
+    failure_max: float = 1000.0
+    _failures: dict[Key, int] = field(default_factory=dict)
     _dirty: set[Key] = field(default_factory=set)
     _queue: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
     _active: set[Key] = field(default_factory=set)
@@ -57,6 +69,18 @@ class WorkQueue:
             existing.cancel()
         self._timers[key] = loop.call_later(delay, self._fire, key)
 
+    def retry_delay(self, key: Key) -> float:
+        """The delay before `key` is retried if its pass raises now: failure_base * 2^(earlier failures in
+        a row), at most failure_max."""
+        failures = self._failures.get(key, 0)
+        if failures >= 64:  # 2**64 * 5 ms is far past any maximum; keeps the float finite
+            return self.failure_max
+        return float(min(self.failure_base * 2**failures, self.failure_max))
+
+    def failures(self, key: Key) -> int:
+        """Passes of `key` that raised in a row (0 once one returns)."""
+        return self._failures.get(key, 0)
+
     def _fire(self, key: Key) -> None:
         self._timers.pop(key, None)
         self.add(key)
@@ -72,9 +96,16 @@ class WorkQueue:
             self._active.add(key)
             try:
                 requeue = await reconcile(key)
+                self._failures.pop(key, None)
             except Exception:  # a bug or an outage must not kill the worker: log, back off, retry
-                log.exception("reconcile of %s/%s/%s failed; retrying in %.0fs", *key, self.error_backoff)
-                requeue = self.error_backoff
+                requeue = self.retry_delay(key)
+                self._failures[key] = self._failures.get(key, 0) + 1
+                log.exception(
+                    "reconcile of %s/%s/%s failed (%d in a row); retrying in %.3g s",
+                    *key,
+                    self._failures[key],
+                    requeue,
+                )
             finally:
                 self._active.discard(key)
                 if key in self._dirty:
