@@ -87,11 +87,11 @@ if importlib.util.find_spec("kubernetes") is None and "cuda_agent.operator.kube"
 
 from cuda_agent.api.episode import on_this_machine  # noqa: E402
 from cuda_agent.api.pool_server import server_config  # noqa: E402
+from cuda_agent.api.sandbox import machine_gpus  # noqa: E402
 from cuda_agent.api.sandboxpool import SandboxPool, SandboxPoolSpec  # noqa: E402
 from cuda_agent.api.trainingrun import TrainingRun  # noqa: E402
 from cuda_agent.localhost import free_port  # noqa: E402
 from cuda_agent.operator.run_children import RunContext, trainer_env  # noqa: E402
-from cuda_agent.sandbox.api import machine_gpus  # noqa: E402
 from cuda_agent.sandbox.local import local_settings, serve_command, write_config  # noqa: E402
 
 

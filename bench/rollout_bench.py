@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.agent import AgentConfig, AgentLoop, ChatCodec, openai_tools
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.rollout import GenerationBackend, SamplingParams
 from cuda_agent.rollout.hf import TransformersBackend
 from cuda_agent.rollout.replay import ReplayBackend
-from cuda_agent.sandbox.api import TaskRef
 from cuda_agent.sandbox.client import SandboxClient
 
 REPO = Path(__file__).resolve().parents[1]

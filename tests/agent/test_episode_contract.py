@@ -32,10 +32,10 @@ from sandbox_helpers import TASK, RunningServer, cleanup
 
 from cuda_agent.api.episode import on_this_machine
 from cuda_agent.api.run_contract import TrainerEnv
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRun
 from cuda_agent.operator.run_children import RunContext, trainer_env
-from cuda_agent.sandbox.api import TaskRef
 
 TINY_POLICY = EXAMPLES / "models" / "tiny-smollm2"  # SmolLM2's tokenizer and chat template, 2 layers
 # Every field of spec.reward away from its default, so a field that is dropped shows as the default.

@@ -16,9 +16,10 @@ from agent_helpers import EXAMPLES, start_sandbox
 from sandbox_helpers import REAL_JUDGE_DIR, RunningServer, cleanup, needs_root
 
 from cuda_agent.agent import AgentConfig, AgentLoop, ChatCodec, Trajectory, openai_tools
+from cuda_agent.api.judge import JudgeOptions
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.rollout import SamplingParams
 from cuda_agent.rollout.replay import ReplayBackend
-from cuda_agent.sandbox.api import JudgeOptions, TaskRef
 from cuda_agent.sandbox.client import SandboxClient
 
 pytestmark = [needs_root(), pytest.mark.slow]

@@ -18,10 +18,10 @@ from sandbox_helpers import RunningServer, cleanup
 
 from cuda_agent.agent import AgentConfig, AgentLoop, ChatCodec, Trajectory, TrajectoryWriter, openai_tools
 from cuda_agent.agent.records import read_trajectories
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.rollout import Generation, SamplingParams
 from cuda_agent.rollout.hf import TransformersBackend
 from cuda_agent.rollout.replay import ReplayBackend
-from cuda_agent.sandbox.api import TaskRef
 from cuda_agent.sandbox.client import SandboxClient
 from cuda_agent.telemetry import configure_tracing
 

@@ -8,7 +8,7 @@ from cuda_agent.agent.loop import truncate_observation
 from cuda_agent.agent.parsing import CallError, ToolCall, parse_hermes, parse_openai
 from cuda_agent.agent.prompt import split_skill
 from cuda_agent.agent.tools import POLICY_TOOL_NAMES, openai_tools, resolve, validate_arguments
-from cuda_agent.sandbox.api import TOOL_SPECS, ToolName
+from cuda_agent.api.sandbox import TOOL_SPECS, ToolName
 
 
 def test_hermes_blocks_in_order_with_string_or_object_arguments() -> None:

@@ -42,10 +42,10 @@ from fixtures.cluster import GPU_PRODUCT, KubeCluster
 from install_helpers import CHART, REPO, answers, image_build, stop_group, wait_for
 
 from cuda_agent.api import pool_server
+from cuda_agent.api.sandbox import ServerStatus
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.localhost import free_port
 from cuda_agent.operator import pool_children, run_children
-from cuda_agent.sandbox.api import ServerStatus
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from cuda_agent.api.judge import Tolerances
 from cuda_agent.sandbox.judge import compare
-from cuda_agent.sandbox.judge.config import Tolerances
 
 TOL = Tolerances()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cuda_agent.sandbox.judge.config import milestone_reward
+from cuda_agent.api.judge import milestone_reward
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import io
 
+from cuda_agent.api.judge import JudgeVerdict, Speedups, TimingTriple
 from cuda_agent.sandbox.judge import cli
-from cuda_agent.sandbox.judge.config import JudgeVerdict, Speedups, TimingTriple
 
 
 def events() -> list[dict[str, object]]:

@@ -21,7 +21,7 @@ from operator_harness import Namespace, OperatorProcess, pool_manifest, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from test_run_cluster import artifacts_secret
 
-from cuda_agent.sandbox.api import machine_gpus
+from cuda_agent.api.sandbox import machine_gpus
 
 STANDIN = Path(__file__).with_name("standin_trainer.py")
 

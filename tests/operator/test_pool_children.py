@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from cuda_agent.api.pool_server import server_config
+from cuda_agent.api.sandbox import SANDBOX_METRICS_PORT, SANDBOX_PORT
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.pool_children import (
@@ -17,7 +18,6 @@ from cuda_agent.operator.pool_children import (
     statefulset,
     trace_export,
 )
-from cuda_agent.sandbox.api import SANDBOX_METRICS_PORT, SANDBOX_PORT
 
 POOL = PoolIdentity(name="pool", namespace="team", uid="uid-1")
 RESTRICTED_VOLUMES = {"configMap", "emptyDir", "projected", "secret", "downwardAPI", "persistentVolumeClaim"}

@@ -30,9 +30,9 @@ from agent_helpers import SMOLLM2_GGUF, smollm2_dir, start_sandbox
 from sandbox_helpers import RunningServer, cleanup
 
 from cuda_agent.agent import AgentConfig, AgentLoop, ChatCodec, Trajectory, openai_tools
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.rollout import SamplingParams
 from cuda_agent.rollout.replay import ReplayBackend
-from cuda_agent.sandbox.api import TaskRef
 from cuda_agent.sandbox.client import SandboxClient
 from cuda_agent.telemetry import Stage, TelemetryConfig, configure_tracing, span
 from cuda_agent.telemetry import tracing as tracing_module

@@ -24,7 +24,7 @@ from otlp_collector import running_collector
 from prometheus_client import REGISTRY, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from cuda_agent.sandbox.api import JudgeResult, JudgeRun
+from cuda_agent.api.sandbox import JudgeResult, JudgeRun
 from cuda_agent.sandbox.server.judge_runner import _trace_run as trace_judge_run
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.telemetry import (

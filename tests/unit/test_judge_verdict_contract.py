@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import typing
 
-from cuda_agent.sandbox import api
-from cuda_agent.sandbox.judge import config
+from cuda_agent.api import judge as config
+from cuda_agent.api import sandbox as api
 
 
 def a_full_verdict() -> config.JudgeVerdict:

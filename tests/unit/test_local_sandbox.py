@@ -13,8 +13,8 @@ import pytest
 from cuda_agent.api import SandboxPool, load_resource_file
 from cuda_agent.api.episode import on_this_machine
 from cuda_agent.api.pool_server import server_config
+from cuda_agent.api.sandbox import ServerStatus
 from cuda_agent.sandbox import local
-from cuda_agent.sandbox.api import ServerStatus
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 
 REPO = Path(__file__).resolve().parents[2]

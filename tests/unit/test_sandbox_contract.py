@@ -1,4 +1,4 @@
-"""The sandbox contract (`cuda_agent.sandbox.api`) is the one home of the tool list and the API bodies:
+"""The sandbox contract (`cuda_agent.api.sandbox`) is the one home of the tool list and the API bodies:
 the client loads no server module, and the server's tools, the TrainingRun's tool enum and the function
 schemas an agent loop hands to a model all come from it."""
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cuda_agent.api import AgentTool, TrainingRun
-from cuda_agent.sandbox.api import TOOL_SPECS, ToolName
+from cuda_agent.api.sandbox import TOOL_SPECS, ToolName
 
 
 def _loaded_after(statement: str) -> list[str]:
@@ -29,17 +29,13 @@ def test_the_client_loads_no_server_module_and_neither_aiohttp_nor_torch_until_u
 
 
 def test_the_contract_needs_only_pydantic() -> None:
-    loaded = _loaded_after("import cuda_agent.sandbox.api")
+    loaded = _loaded_after("import cuda_agent.api.sandbox")
     assert {m for m in loaded if m.startswith("cuda_agent")} == {
         "cuda_agent",
-        "cuda_agent.sandbox",
-        "cuda_agent.sandbox.api",
-        # the judge's verdict model (pydantic only), which the contract's JudgeResult reads loosely
-        "cuda_agent.sandbox.judge",
-        "cuda_agent.sandbox.judge.config",
-        # the judge's environment names (standard library only), which the verdict model's module reads
         "cuda_agent.api",
-        "cuda_agent.api.judge_files",
+        "cuda_agent.api.sandbox",
+        # the judge's shared types (pydantic only): its options, device, and the verdict's reward scale
+        "cuda_agent.api.judge",
     }
     assert not {"torch", "aiohttp", "kopf", "ray", "re2"} & set(loaded)
 

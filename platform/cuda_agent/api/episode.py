@@ -12,16 +12,15 @@ Bottom layer: pydantic, the API models and the sandbox contract only.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent.api.judge import Device, JudgeOptions, Precision
+from cuda_agent.api.sandbox import ToolName, machine_gpus
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import PrecisionPolicy, TrainingRunSpec
-from cuda_agent.sandbox.api import Device, JudgeOptions, ToolName, machine_gpus
 
 # spec.reward.precision as the judge's --precision spells it.
-JUDGE_PRECISION: dict[PrecisionPolicy, Literal["strict-fp32", "tf32"]] = {
+JUDGE_PRECISION: dict[PrecisionPolicy, Precision] = {
     PrecisionPolicy.STRICT_FP32: "strict-fp32",
     PrecisionPolicy.TF32: "tf32",
 }

@@ -43,7 +43,7 @@ IMAGE_JUDGE_SEED_DIR = "/opt/cuda-agent/judge-seed"
 # executes: the judge's shared types (its options, tolerances, verdict, milestone_reward) and this contract.
 # They count among the judge's files wherever those are hashed (hash_judge_files), so a change to a tolerance
 # default or to milestone_reward is caught like a change inside the judge's own directory.
-JUDGE_CONTRACT_MODULES = ("__init__.py", "judge_files.py")
+JUDGE_CONTRACT_MODULES = ("__init__.py", "judge.py", "judge_files.py")
 # Their relative paths among the judge's hashed files: a name no file of the judge's directory can have.
 JUDGE_CONTRACT_PREFIX = "cuda_agent.api:"
 JUDGE_PACKAGE = "cuda_agent.sandbox.judge"

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from cuda_agent.api.judge_files import IMAGE_JUDGE_SEED_DIR
+from cuda_agent.api.sandbox import SANDBOX_METRICS_PORT, SANDBOX_PORT
 from cuda_agent.api.sandboxpool import SandboxPoolSpec, UserNamespaces, mebibytes
-from cuda_agent.sandbox.api import SANDBOX_METRICS_PORT, SANDBOX_PORT
 
 JUDGE_DIR = "/opt/cuda-agent/judge"  # the pod's read-only mount of the judge ConfigMap
 STATE_DIR = "/var/lib/cuda-agent-sandbox"  # the server's state: session workspaces, build caches

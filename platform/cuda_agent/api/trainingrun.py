@@ -29,7 +29,7 @@ from cuda_agent.api.base import (
     section,
     storage_uri,
 )
-from cuda_agent.sandbox.api import ToolName
+from cuda_agent.api.sandbox import ToolName
 
 # Children are named <name>-ray-head (pod hostname, Service), <name>-head-svc (KubeRay), <name>-driver...;
 # the longest that must be a DNS label is "-ray-head" (9 characters) after the name.
@@ -60,7 +60,7 @@ class TrainingRunConditionType(StrEnum):
     FAILED = "Failed"
 
 
-# The tool names are the sandbox contract's (cuda_agent.sandbox.api, pydantic only): one home for the list
+# The tool names are the sandbox contract's (cuda_agent.api.sandbox, pydantic only): one home for the list
 # the server routes, the client calls and a TrainingRun may offer.
 AgentTool = ToolName
 

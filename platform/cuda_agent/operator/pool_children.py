@@ -24,11 +24,11 @@ from cuda_agent.api.pool_server import (
     server_config,
     user_namespaced,
 )
+from cuda_agent.api.sandbox import SANDBOX_METRICS_PORT, SANDBOX_PORT
 from cuda_agent.api.sandboxpool import SandboxPoolSpec, SeccompProfileType, mebibytes
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.manifests import owner_reference, with_hash
-from cuda_agent.sandbox.api import SANDBOX_METRICS_PORT, SANDBOX_PORT
 
 SANDBOX_UID = 65532  # the image's unprivileged user; restricted Pod Security forbids root
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cuda_agent.api.judge_files import package_judge_dir, shipped_digest, shipped_judge_files
+from cuda_agent.api.sandbox import SANDBOX_PORT
 from cuda_agent.api.sandboxpool import SandboxPoolConditionType as PoolCondition
 from cuda_agent.api.sandboxpool import SandboxPoolSpec, SandboxPoolStatus
 from cuda_agent.operator import labels as lb
@@ -38,7 +39,6 @@ from cuda_agent.operator.pool_children import (
     trace_export,
 )
 from cuda_agent.operator.views import PodView
-from cuda_agent.sandbox.api import SANDBOX_PORT
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0

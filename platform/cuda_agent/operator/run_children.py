@@ -16,12 +16,12 @@ import yaml
 
 from cuda_agent.api.episode import episode_settings
 from cuda_agent.api.run_contract import TRAINER_METRICS_PORT, TrainerEnv
+from cuda_agent.api.sandbox import SANDBOX_PORT
 from cuda_agent.api.sandboxpool import SandboxPoolSpec
 from cuda_agent.api.trainingrun import TrainingRunSpec
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator.kube import Manifest
 from cuda_agent.operator.manifests import owner_reference, with_hash
-from cuda_agent.sandbox.api import SANDBOX_PORT
 
 RUN_CONFIG_DIR = "/etc/cuda-agent"
 TRAINER_UID = 1000

@@ -7,7 +7,7 @@
         reward = (await sandbox.judge(session.session_id, "profile")).result
         await sandbox.delete_session(session.session_id)
 
-Both speak the models of the contract module cuda_agent.sandbox.api (never a server module); a tool
+Both speak the models of the contract module cuda_agent.api.sandbox (never a server module); a tool
 call takes the tool's name and its input as the model emitted it, and returns the tool's typed result.
 HTTP errors raise SandboxError with the server's message; tool failures are
 results (`is_error`), not exceptions. Every request carries the caller's trace context (W3C
@@ -23,13 +23,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from cuda_agent.sandbox.api import (
+from cuda_agent.api.judge import Device, JudgeOptions
+from cuda_agent.api.sandbox import (
     TOOL_SPECS,
     CreateSessionRequest,
     DeleteSessionResponse,
-    Device,
     EvaluateRequest,
-    JudgeOptions,
     JudgeResult,
     JudgeRun,
     JudgeStage,

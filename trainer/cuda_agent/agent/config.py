@@ -6,7 +6,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.api.episode import EpisodeSettings
-from cuda_agent.sandbox.api import Device, JudgeOptions, JudgeStage, ToolName
+from cuda_agent.api.judge import Device, JudgeOptions
+from cuda_agent.api.sandbox import JudgeStage, ToolName
 
 
 class AgentConfig(BaseModel):

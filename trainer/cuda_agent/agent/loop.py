@@ -39,8 +39,8 @@ from cuda_agent.agent.prompt import system_message, task_message
 from cuda_agent.agent.records import TrajectoryWriter
 from cuda_agent.agent.tools import ToolArgumentError, resolve, validate_arguments
 from cuda_agent.agent.trajectory import EpisodeEnd, JudgeVerdict, Trajectory, TurnRecord
+from cuda_agent.api.sandbox import JudgeRun, SessionInfo, TaskRef, ToolName
 from cuda_agent.rollout.base import ChatBackend, Generation, GenerationBackend, SamplingParams
-from cuda_agent.sandbox.api import JudgeRun, SessionInfo, TaskRef, ToolName
 from cuda_agent.sandbox.client import SandboxClient, SandboxError
 from cuda_agent.telemetry import Stage, record_episode, span
 from cuda_agent.telemetry.metrics import EPISODES_IN_FLIGHT

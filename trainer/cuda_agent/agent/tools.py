@@ -1,5 +1,5 @@
 """The agent's tools as the policy sees them (the names CUDA Agent's paper uses) and as the sandbox runs
-them (the server's routes). The schemas come from the sandbox contract (`cuda_agent.sandbox.api`), so the
+them (the server's routes). The schemas come from the sandbox contract (`cuda_agent.api.sandbox`), so the
 tool list has one home; this module only renames.
 
 | policy (paper) | sandbox server |
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from cuda_agent.sandbox.api import TOOL_SPECS, ToolName
+from cuda_agent.api.sandbox import TOOL_SPECS, ToolName
 
 POLICY_TOOL_NAMES: dict[str, ToolName] = {
     "Bash": ToolName.BASH,

@@ -11,9 +11,10 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cuda_agent.api.judge import Device
+
 OpKind = Literal["module", "functional", "tensor"]
 OpStatus = Literal["runnable", "failed", "unsupported", "excluded"]
-Device = Literal["cpu", "cuda"]
 # In the order the filters run: cheap static checks first, torch.compile last (a sample stops at its
 # first failing filter).
 FilterName = Literal[

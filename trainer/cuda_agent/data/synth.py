@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from cuda_agent.api.judge import Device
 from cuda_agent.data.calibrate import Measurement, Window, calibrate, outcome_counts
 from cuda_agent.data.compose import Composer, EndpointConfig, ProgrammaticComposer, sample_id
 from cuda_agent.data.decontam import BenchmarkIndex
@@ -29,7 +30,6 @@ from cuda_agent.data.published import jsonl, ops6k_parquet, read_jsonl, write_by
 from cuda_agent.data.records import (
     CalibrationConfig,
     ComposerConfig,
-    Device,
     FilterConfig,
     Sample,
     Summary,

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from cuda_agent.api.judge import COMPILE_MODES, DEVICES, PRECISIONS
+
 if TYPE_CHECKING:
     from cuda_agent.api.episode import EpisodeSettings
     from cuda_agent.eval.models import EvalReport
@@ -65,9 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a TrainingRun file (with its SandboxPool): evaluate with the run's episode settings, its "
         "maxTurnsEval, context, tools, the pool's device and spec.reward's precision, tolerances and margin",
     )
-    p.add_argument(
-        "--device", choices=("cpu", "cuda"), default=None, help="default cpu (with --run: the pool's)"
-    )
+    p.add_argument("--device", choices=DEVICES, default=None, help="default cpu (with --run: the pool's)")
     p.add_argument("--jobs", type=int, default=2, help="evaluations in flight (default 2)")
     p.add_argument("--sandbox", dest="sandbox_url", help="sandbox server URL (default: local judges; "
                    "for --policy a local server is started)")  # fmt: skip
@@ -75,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--only", type=_words, default=[], help="only these task names (comma-separated)")
     p.add_argument("--trials", type=int, default=None, help="judge verify trials")
     p.add_argument("--profile-trials", type=int, default=None, help="judge timed trials")
-    p.add_argument("--precision", choices=("strict-fp32", "tf32"), default=None, help="default strict-fp32")
-    p.add_argument("--compile-mode", choices=("default", "max-autotune", "none"), default="default")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help="default strict-fp32")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per evaluation (judge --timeout)")
     p.add_argument(
         "--fast-p", type=_floats, default=[0.0, 0.5, 0.8, 1.0, 1.5, 2.0], help="p values of fast_p"

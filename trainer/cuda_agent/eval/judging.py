@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from cuda_agent.eval.models import Device, JudgeSettings, RowStatus, TaskResult
+from cuda_agent.api.judge import Device, JudgeOptions
+from cuda_agent.api.sandbox import JudgeResult
+from cuda_agent.eval.models import JudgeSettings, RowStatus, TaskResult
 from cuda_agent.eval.tasks import Candidate, Task
-from cuda_agent.sandbox.api import JudgeOptions, JudgeResult
 
 # Beyond the judge's own --timeout (its phases stop there), time for start-up and the verdict.
 _PROCESS_GRACE_S = 120.0
@@ -128,7 +129,7 @@ class SandboxJudge:
     async def evaluate(self, candidate: Candidate) -> Judged:
         import aiohttp
 
-        from cuda_agent.sandbox.api import EvaluateRequest, TaskRef
+        from cuda_agent.api.sandbox import EvaluateRequest, TaskRef
         from cuda_agent.sandbox.client import SandboxError
 
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", candidate.task.name)[:128] or "task"

@@ -8,9 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cuda_agent.api.episode import EpisodeSettings
-from cuda_agent.sandbox.api import JudgeOptions
+from cuda_agent.api.judge import CompileMode, Device, JudgeOptions, Precision
 
-Device = Literal["cpu", "cuda"]
 # judged: the judge gave a verdict; task-error: the task itself failed (judge exit 2 / HTTP 422);
 # no-result: the judge produced nothing (crash, timeout, sandbox failure); no-candidate: nothing to judge.
 RowStatus = Literal["judged", "task-error", "no-result", "no-candidate"]
@@ -24,8 +23,8 @@ class JudgeSettings(BaseModel):
 
     trials: int | None = Field(default=None, ge=1, le=100)
     profile_trials: int | None = Field(default=None, ge=3, le=1000)
-    precision: Literal["strict-fp32", "tf32"] = "strict-fp32"
-    compile_mode: Literal["default", "max-autotune", "none"] = "default"
+    precision: Precision = "strict-fp32"
+    compile_mode: CompileMode = "default"
     timeout_s: float = Field(default=1800.0, gt=0, le=3600)
     atol: float | None = Field(default=None, ge=0)
     rtol: float | None = Field(default=None, ge=0)

@@ -69,7 +69,7 @@ def load_codec(spec: PolicySpec, tools: list[str]) -> Any:
 
     from cuda_agent.agent.chat import ChatCodec
     from cuda_agent.agent.tools import openai_tools
-    from cuda_agent.sandbox.api import ToolName
+    from cuda_agent.api.sandbox import ToolName
 
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_dir, gguf_file=spec.gguf_file)
     return ChatCodec(tokenizer, openai_tools([ToolName(t) for t in tools]))

@@ -19,9 +19,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.api.judge import Device
 from cuda_agent.eval.allclose import MARKER
 from cuda_agent.eval.judging import Judge, LocalJudge, SandboxJudge, result_row, task_file
-from cuda_agent.eval.models import AllcloseCheck, Device, EvalConfig, EvalReport, TaskResult
+from cuda_agent.eval.models import AllcloseCheck, EvalConfig, EvalReport, TaskResult
 from cuda_agent.eval.report import build_report, plot, to_markdown
 from cuda_agent.eval.tasks import Candidate, Task, find_candidates, load_tasks
 
@@ -230,9 +231,9 @@ async def run_policy(
     from cuda_agent.agent.config import AgentConfig
     from cuda_agent.agent.loop import AgentLoop
     from cuda_agent.agent.records import TrajectoryWriter
+    from cuda_agent.api.sandbox import TaskRef
     from cuda_agent.eval.policy import PolicyBackends, PolicySpec, episode_row, load_codec
     from cuda_agent.rollout.base import SamplingParams
-    from cuda_agent.sandbox.api import TaskRef
     from cuda_agent.sandbox.client import SandboxClient
 
     assert cfg.policy is not None and cfg.sandbox_url is not None

@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuda_agent.eval.models import Device
+from cuda_agent.api.judge import Device
 
 _KERNELBENCH_RUN = re.compile(r"^level_(\d+)_problem_(\d+)_sample_(\d+)_kernel\.py$")
 _DEVICE_VARIANT = re.compile(r"^(cpu|cuda)(_.*)?$")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from cuda_agent.sandbox.api import TaskRef
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.storage import StorageConfig, open_store, parse_uri
 
 

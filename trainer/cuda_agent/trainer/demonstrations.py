@@ -36,13 +36,14 @@ from cuda_agent.agent.config import AgentConfig
 from cuda_agent.agent.loop import AgentLoop
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.api.episode import episode_settings, on_this_machine
+from cuda_agent.api.judge import Device
 from cuda_agent.api.loader import load_resource_file
 from cuda_agent.api.pool_server import server_config
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.api.sandboxpool import SandboxPool
 from cuda_agent.api.trainingrun import TrainingRun
 from cuda_agent.rollout.base import SamplingParams
 from cuda_agent.rollout.replay import ReplayBackend
-from cuda_agent.sandbox.api import Device, TaskRef
 from cuda_agent.sandbox.local import local_server
 from cuda_agent.storage.claims import prepare_pvc_root
 from cuda_agent.trainer.rollout import run_codec

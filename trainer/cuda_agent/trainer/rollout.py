@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.api.episode import EpisodeSettings, episode_settings
 from cuda_agent.api.run_contract import ENV_EPISODE, TrainerEnv
+from cuda_agent.api.sandbox import TaskRef
 from cuda_agent.api.trainingrun import TrainingRun, TrainingRunSpec
-from cuda_agent.sandbox.api import TaskRef
 from cuda_agent.trainer.weight_sync import NamedTensors, load_bucket
 
 if TYPE_CHECKING:

@@ -15,9 +15,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import ValidationError
+
+from cuda_agent.api.judge import COMPILE_MODES, DEVICES, PRECISIONS, Device
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,15 +33,15 @@ def _parser() -> argparse.ArgumentParser:
         "task", type=Path, metavar="TASK", help="KernelBench-format task .py (Model, get_inputs, ...)"
     )
     p.add_argument("candidate", type=Path, metavar="CANDIDATE", help="model_new.py, or a workspace directory")
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    p.add_argument("--device", choices=DEVICES, default=None, help="default: cuda when available")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
     p.add_argument(
         "--trials", type=int, default=5, help="verify trials, fresh secret inputs each (default 5)"
     )
-    p.add_argument("--precision", choices=("strict-fp32", "tf32"), default="strict-fp32")
+    p.add_argument("--precision", choices=PRECISIONS, default="strict-fp32")
     p.add_argument(
         "--compile-mode",
-        choices=("default", "max-autotune", "none"),
+        choices=COMPILE_MODES,
         default="default",
         help="torch.compile mode of the baseline; none skips it (reward then at most 2)",
     )
@@ -145,7 +146,7 @@ class Progress:
 
 
 def _summary(result: object) -> str:
-    from cuda_agent.sandbox.judge.config import JudgeVerdict
+    from cuda_agent.api.judge import JudgeVerdict
 
     assert isinstance(result, JudgeVerdict)
     t, s = result.timings_ms, result.speedup
@@ -179,7 +180,7 @@ def _summary(result: object) -> str:
 def _verdict(result: object) -> str:
     """The first line: the reward and, for -1, the reason in plain words (a refusal is not a wrong
     answer: outputs that happened to match do not make it correct)."""
-    from cuda_agent.sandbox.judge.config import JudgeVerdict
+    from cuda_agent.api.judge import JudgeVerdict
 
     assert isinstance(result, JudgeVerdict)
     if result.reward > 0:
@@ -224,11 +225,12 @@ def main(argv: Sequence[str]) -> int:
     # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
     # forked afterwards, and the orchestrator forks its workers.
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    from cuda_agent.api.judge import Timeouts, Tolerances
     from cuda_agent.sandbox.judge import confinement, errors, orchestrator
-    from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings, Timeouts, Tolerances
+    from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings
 
     # No CUDA call here: the orchestrator checks availability after forking its workers.
-    device: Literal["cpu", "cuda"] = args.device or ("cuda" if confinement.cuda_host() else "cpu")
+    device: Device = args.device or ("cuda" if confinement.cuda_host() else "cpu")
     for label, path in (("TASK", args.task), ("CANDIDATE", args.candidate)):
         if not path.exists():
             print(f"cuda-agent judge: {label} {path} does not exist", file=sys.stderr)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cuda_agent.sandbox.judge.config import Tolerances
+from cuda_agent.api.judge import Tolerances
 
 TINY_MAX_ABS = 1e-3
 TINY_RMS = 1e-4

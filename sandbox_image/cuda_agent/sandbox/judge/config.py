@@ -1,7 +1,8 @@
-"""Configuration and result models of the judge (the contract shared with the session server and tests).
+"""How one judge run is configured: `JudgeConfig` (built by the CLI from `JudgeOptions`), its timing
+settings and its op policy. The types shared with the judge's callers (options, tolerances, timeouts, the
+verdict, milestone_reward) live in cuda_agent.api.judge.
 
-The judge's trusted side imports it (cli, orchestrator, references, compare, policy, plausibility,
-worker_session), and the sandbox contract (cuda_agent.sandbox.api) reads `Reward` from it. The worker never
+The judge's trusted side imports it (cli, orchestrator, references, policy, plausibility). The worker never
 does: it receives its settings as a plain JSON object so it stays free of pydantic and starts fast.
 """
 
@@ -9,47 +10,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cuda_agent.api.judge import CompileMode, Device, Precision, Timeouts, Tolerances
 from cuda_agent.api.judge_files import JUDGE_CACHE_ENV
-
-Device = Literal["cpu", "cuda"]
-Precision = Literal["strict-fp32", "tf32"]
-CompileMode = Literal["default", "max-autotune", "none"]
 
 
 def default_cache_dir() -> Path:
     """Content-addressed build cache shared by all judge runs of this user (PCH, objects, extensions)."""
     env = os.environ.get(JUDGE_CACHE_ENV)
     return Path(env) if env else Path.home() / ".cache" / "cuda-agent" / "judge-build"
-
-
-class Tolerances(BaseModel):
-    """When an output counts as correct (all must hold) and how strict the strict-fp32 audit is."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    atol: float = Field(default=1e-2, ge=0)
-    rtol: float = Field(default=1e-2, ge=0)
-    # ||out - ref|| / ||ref|| bound: decides on tiny-magnitude tasks where atol alone passes zeros.
-    rel_norm: float = Field(default=1e-2, gt=0)
-    # strict-fp32: candidate's error vs a float64 reference may be at most
-    # max(precision_factor * eager fp32 error, precision_floor). TF32/FP16 GEMMs land near 3e-4.
-    precision_factor: float = Field(default=64.0, gt=1)
-    precision_floor: float = Field(default=3e-5, gt=0)
-
-
-class Timeouts(BaseModel):
-    """Wall-clock limits in seconds; each phase also stops at the total deadline."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    total: float = Field(default=1800.0, gt=0)
-    build: float = Field(default=900.0, gt=0)
-    verify: float = Field(default=300.0, gt=0)
-    profile: float = Field(default=600.0, gt=0)
 
 
 class ProfileSettings(BaseModel):
@@ -151,110 +122,3 @@ class JudgeConfig(BaseModel):
     cache_dir: Path = Field(default_factory=default_cache_dir)
     # Reward margin of the paper's eq. 1: "faster" means speedup > 1 + margin.
     margin: float = Field(default=0.05, ge=0)
-
-
-Reward = Literal[-1, 1, 2, 3]
-
-
-class TimingTriple(BaseModel):
-    """One number per timed function; null where it was not measured (with the reason in `notes`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    candidate: float | None = None
-    eager: float | None = None
-    compile: float | None = None
-
-
-class Speedups(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    eager: float | None = None
-    compile: float | None = None
-
-
-class PhaseSeconds(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    build: float = 0.0
-    verify: float = 0.0
-    profile: float = 0.0
-
-
-class Roofline(BaseModel):
-    """The candidate's time against the physics of the device (judge/plausibility.py): the minimum bytes
-    that must cross device memory and the matmul FLOPs the task's ops need, and the fraction of the
-    device's measured bandwidth / peak FLOP/s its time implies. Null where not known."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    min_bytes: int | None = None
-    min_flops: float | None = None
-    # Measured copy bandwidth (read + write) and peak matmul FLOP/s of this device, from the judge's cache.
-    device_bandwidth_gbs: float | None = None
-    device_tflops: float | None = None
-    candidate_gbs: float | None = None
-    bandwidth_fraction: float | None = None
-    flops_fraction: float | None = None
-    eager_bandwidth_fraction: float | None = None
-    # Whether an implied speed above the limits is a violation here (GPU) or only reported (CPU).
-    enforced: bool = False
-
-
-class JudgeVerdict(BaseModel):
-    """The judge's verdict; `--json` prints exactly this object (keys per docs/judge.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    reward: Reward = -1
-    compiled: bool = False
-    correct: bool = False
-    violations: list[str] = Field(default_factory=list)
-    error: str | None = None
-    timings_ms: TimingTriple = Field(default_factory=TimingTriple)
-    speedup: Speedups = Field(default_factory=Speedups)
-    cv: TimingTriple = Field(default_factory=TimingTriple)
-    precision: Precision = "strict-fp32"
-    device: Device = "cpu"
-    build_log: str | None = None
-    seconds: PhaseSeconds = Field(default_factory=PhaseSeconds)
-    # extras (allowed by the contract)
-    timing_method: str | None = None
-    latency_ms: TimingTriple = Field(default_factory=TimingTriple)
-    task_flags: list[str] = Field(default_factory=list)
-    build_cached: bool = False
-    # Seconds waited for the device lock (verify + profile) and for build-cache locks (PCH).
-    lock_wait_s: float = 0.0
-    build_lock_wait_s: float = 0.0
-    layout: str | None = None
-    # How outputs reached the orchestrator: "cuda-ipc" (device memory) or "channel" (raw bytes).
-    output_transfer: str | None = None
-    trials: int = 0
-    profile_trials: int = 0
-    seed_id: str | None = None
-    isolation: dict[str, str] = Field(default_factory=dict)
-    # Where the wall time went, step by step (orchestrator clock; `worker.*` as the worker reported it).
-    steps_s: dict[str, float] = Field(default_factory=dict)
-    roofline: Roofline = Field(default_factory=Roofline)
-    notes: list[str] = Field(default_factory=list)
-
-
-def milestone_reward(
-    *,
-    compiled: bool,
-    correct: bool,
-    violations: list[str],
-    speedup_eager: float | None,
-    speedup_compile: float | None,
-    margin: float = 0.05,
-) -> Reward:
-    """The CUDA Agent paper's eq. 1: -1 unless built, correct and clean; then 3 / 2 / 1 by speedup tier."""
-    if not compiled or not correct or violations:
-        return -1
-    faster_than_eager = speedup_eager is not None and speedup_eager > 1.0 + margin
-    faster_than_compile = speedup_compile is not None and speedup_compile > 1.0 + margin
-    if faster_than_eager and faster_than_compile:
-        return 3
-    if faster_than_eager:
-        return 2
-    return 1

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from cuda_agent.api.judge import JudgeVerdict, milestone_reward
 from cuda_agent.api.judge_files import hash_judge_files
 from cuda_agent.sandbox import gpu_lock
 from cuda_agent.sandbox.judge import (
@@ -44,7 +45,7 @@ from cuda_agent.sandbox.judge import (
     tensors,
 )
 from cuda_agent.sandbox.judge import task as task_lib
-from cuda_agent.sandbox.judge.config import JudgeConfig, JudgeVerdict, milestone_reward
+from cuda_agent.sandbox.judge.config import JudgeConfig
 from cuda_agent.sandbox.judge.errors import RunStopped, TaskFailure, UsageError
 from cuda_agent.sandbox.judge.references import References, TrialReference, baseline_seeds, compute_references
 from cuda_agent.sandbox.judge.worker_session import WorkerSession

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cuda_agent.sandbox.judge.config import JudgeConfig, Roofline
+from cuda_agent.api.judge import Roofline
+from cuda_agent.sandbox.judge.config import JudgeConfig
 
 # Positions perturbed per input tensor to decide whether the output depends on it.
 PROBES = 8

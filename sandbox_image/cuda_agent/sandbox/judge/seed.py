@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cuda_agent.api.judge import DEVICES
+
 SEED_TIMEOUT_S = 1800.0  # per flag set: a cold header takes ~40 s on two cores, ~40-90 s on a busy one
 
 
@@ -39,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="the seed directory (created; entries added)")
     p.add_argument(
         "--device",
-        choices=("cpu", "cuda"),
+        choices=DEVICES,
         default=None,
         help="the judge's device (default: cuda when this host has a GPU); cuda needs nvcc, not a GPU",
     )

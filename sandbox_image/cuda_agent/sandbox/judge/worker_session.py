@@ -14,8 +14,8 @@ from typing import Any, Literal, TypeVar, overload
 
 import torch
 
+from cuda_agent.api.judge import JudgeVerdict
 from cuda_agent.sandbox.judge import channel, confinement, protocol, worker
-from cuda_agent.sandbox.judge.config import JudgeVerdict
 from cuda_agent.sandbox.judge.errors import RunStopped, TaskFailure
 
 M = TypeVar("M")

@@ -25,7 +25,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 
-from cuda_agent.sandbox.api import (
+from cuda_agent.api.sandbox import (
     CreateSessionRequest,
     DeleteSessionResponse,
     ErrorResponse,

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cuda_agent.sandbox.api import machine_gpus
+from cuda_agent.api.sandbox import machine_gpus
 from cuda_agent.sandbox.server.config import SandboxServerConfig
 from cuda_agent.sandbox.server.init import run_under_init
 from cuda_agent.sandbox.server.isolation import (

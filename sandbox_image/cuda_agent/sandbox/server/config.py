@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cuda_agent.sandbox.api import SANDBOX_PORT
+from cuda_agent.api.sandbox import SANDBOX_PORT
 
 IsolationMode = Literal["auto", "root", "restricted"]
 

@@ -37,7 +37,7 @@ from cuda_agent.api.judge_files import (
     hash_judge_files,
     package_judge_dir,
 )
-from cuda_agent.sandbox.api import MAX_CANDIDATE_FILES
+from cuda_agent.api.sandbox import MAX_CANDIDATE_FILES
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
 from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
 from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_group, kill_uid_processes

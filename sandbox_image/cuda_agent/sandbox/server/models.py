@@ -1,7 +1,8 @@
-"""The server's request and response bodies: they live in the contract module `cuda_agent.sandbox.api`,
+"""The server's request and response bodies: they live in the contract module `cuda_agent.api.sandbox`,
 which the client and the platform import too; this name stays for the server's modules."""
 
-from cuda_agent.sandbox.api import (
+from cuda_agent.api.judge import Device, JudgeOptions
+from cuda_agent.api.sandbox import (
     BackgroundJobInfo,
     BashInput,
     BashOutputInput,
@@ -9,7 +10,6 @@ from cuda_agent.sandbox.api import (
     BashResult,
     CreateSessionRequest,
     DeleteSessionResponse,
-    Device,
     EditInput,
     EditOperation,
     EditResult,
@@ -20,7 +20,6 @@ from cuda_agent.sandbox.api import (
     GpuStatus,
     GrepInput,
     GrepResult,
-    JudgeOptions,
     JudgeResult,
     JudgeRun,
     JudgeStage,

@@ -1,4 +1,4 @@
-"""The agent's tool set as the server exposes it: the contract's specs (`cuda_agent.sandbox.api`) plus
+"""The agent's tool set as the server exposes it: the contract's specs (`cuda_agent.api.sandbox`) plus
 the implementations.
 
 One table drives the HTTP routes, the OpenAPI document and `GET /v1/tools` (the schemas an agent loop
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from cuda_agent.sandbox.api import (
+from cuda_agent.api.sandbox import (
     TOOL_SPECS,
     BashInput,
     BashOutputInput,

@@ -1,11 +1,11 @@
 """The sandbox's contract: every request and response body of its HTTP API and the agent's tool specs.
 
 The client, the server and the platform's API models import this module, so it depends on pydantic
-only (no aiohttp, no torch, no server module). Tool inputs use the agent's own argument names
-(`file_path`, `old_string`, `-A`...), so an agent loop can forward a model's tool call unchanged. Every
-tool result carries `output`, the text the model sees, and `is_error`: an error is a result the agent
-reads, never an HTTP failure. `/v1/status` is camelCase because the operator's autoscaler reads it next
-to Kubernetes objects.
+only (no aiohttp, no torch, no server module); what it says of the judge (its options, device and reward
+scale) is cuda_agent.api.judge. Tool inputs use the agent's own argument names (`file_path`, `old_string`,
+`-A`...), so an agent loop can forward a model's tool call unchanged. Every tool result carries `output`, the
+text the model sees, and `is_error`: an error is a result the agent reads, never an HTTP failure.
+`/v1/status` is camelCase because the operator's autoscaler reads it next to Kubernetes objects.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from cuda_agent.sandbox.judge.config import Reward
+from cuda_agent.api.judge import Device, JudgeOptions, Reward
 
 # The server's port: a pool's Service, NetworkPolicy and readiness probes, the trainer's sandbox URL and the
 # operator's load probes all use it (the operator imports it from here).
@@ -28,7 +28,6 @@ SANDBOX_PORT = 8470
 # A second listener that serves GET /metrics only: a NetworkPolicy can let Prometheus scrape it without
 # letting the scraper reach the session API on SANDBOX_PORT.
 SANDBOX_METRICS_PORT = 9470
-Device = Literal["cpu", "cuda"]
 
 # A candidate workspace holds at most this many files: the judge's snapshot refuses more.
 MAX_CANDIDATE_FILES = 5000
@@ -67,25 +66,9 @@ class TaskRef(_Strict):
         return self
 
 
-class JudgeOptions(_Strict):
-    """Optional judge CLI flags; None leaves the judge's default. A TrainingRun's `spec.reward` reaches
-    every session through these (cuda_agent.api.episode): precision, tolerances, speedup margin."""
-
-    trials: int | None = Field(default=None, ge=1, le=100)
-    precision: Literal["strict-fp32", "tf32"] | None = None
-    compile_mode: Literal["default", "max-autotune", "none"] | None = None
-    timeout_s: float | None = Field(default=None, gt=0, le=3600)
-    # 0 is allowed (the judge's own Tolerances take it): stricter, never looser, than any positive value.
-    atol: float | None = Field(default=None, ge=0)
-    rtol: float | None = Field(default=None, ge=0)
-    profile_trials: int | None = Field(default=None, ge=0, le=1000)
-    # "Faster" in the milestone reward means speedup > 1 + margin (the paper's eq. 1).
-    margin: float | None = Field(default=None, ge=0, le=1)
-
-
 class JudgeResult(BaseModel):
     """The judge CLI's JSON as the server reads it: the judge's own verdict model
-    (`cuda_agent.sandbox.judge.config.JudgeVerdict`, the strict writer) loosened so that a judge command of
+    (`cuda_agent.api.judge.JudgeVerdict`, the strict writer) loosened so that a judge command of
     another version or a stand-in still reads. Every field here is one of the writer's, with the writer's
     reward scale; nested objects read as maps; unknown keys are kept in `model_extra`. A test checks that
     every field is the writer's and that whatever the writer prints reads back unchanged."""
