@@ -290,6 +290,71 @@ def test_spans_nest_episode_turn_generate_tool_judge(
     assert judge.parent.span_id == episode.context.span_id
 
 
+def test_each_episode_is_a_trace_of_its_own_linked_to_the_step(
+    sandbox_server: RunningServer, codec: ChatCodec, tokenizer: Any
+) -> None:
+    """Two episodes under one trainer step: each is the root of its own trace with an OpenTelemetry
+    Link to the step span, its turns and judge stay in its trace, its record names that trace, and the
+    step span (as the trainer's driver does it) links back to both. Generation spans carry the GenAI
+    conventions' token counts."""
+    from opentelemetry import trace
+
+    from cuda_agent.telemetry import Stage, span
+    from cuda_agent.trainer.driver import _link_episodes
+
+    exporter = InMemorySpanExporter()
+    configure_tracing(processors=[SimpleSpanProcessor(exporter)], set_global=False)
+
+    async def main() -> list[Trajectory]:
+        async with SandboxClient(sandbox_server.url) as client:
+            with span(Stage.RUN, run="tr-links"), span(Stage.STEP, stage="ppo", step=1) as step:
+                done = []
+                for episode_id in ("ep-a", "ep-b"):
+                    backend = ReplayBackend([call("Bash", command="echo traced"), "Done."], tokenizer)
+                    done.append(
+                        await AgentLoop(backend, client, codec, AgentConfig()).run(
+                            TASK, SamplingParams(max_tokens=256), episode_id
+                        )
+                    )
+                _link_episodes(step, done)
+                return done
+
+    trajectories = asyncio.run(main())
+    finished = exporter.get_finished_spans()
+    (run,) = [s for s in finished if s.name == Stage.RUN]
+    (step,) = [s for s in finished if s.name == Stage.STEP]
+    episodes = {s.attributes["cuda_agent.episode_id"]: s for s in finished if s.name == Stage.EPISODE}
+    assert set(episodes) == {"ep-a", "ep-b"}
+    trace_ids = {s.context.trace_id for s in episodes.values()}
+    assert len(trace_ids) == 2 and run.context.trace_id not in trace_ids, "one trace per episode"
+    for trajectory in trajectories:
+        episode = episodes[trajectory.episode_id]
+        assert episode.parent is None, "the episode is its trace's root"
+        assert [link.context.span_id for link in episode.links] == [step.context.span_id]
+        assert episode.links[0].context.trace_id == run.context.trace_id
+        assert trajectory.trace_id == trace.format_trace_id(episode.context.trace_id)
+        assert trajectory.span_id == trace.format_span_id(episode.context.span_id)
+        inside = [s for s in finished if s.context.trace_id == episode.context.trace_id]
+        assert {s.name for s in inside} >= {"episode", "turn", "generate", "tool_call", "judge"}
+        assert all(s.attributes.get("cuda_agent.episode_id") == trajectory.episode_id for s in inside)
+    # The step's side: a Link to each episode's root span and every episode's trace id.
+    assert {(link.context.trace_id, link.context.span_id) for link in step.links} == {
+        (s.context.trace_id, s.context.span_id) for s in episodes.values()
+    }
+    assert set(step.attributes["cuda_agent.episode_trace_ids"]) == {t.trace_id for t in trajectories}
+    for generate in (s for s in finished if s.name == Stage.GENERATE):
+        assert generate.attributes["gen_ai.operation.name"] == "text_completion"
+        assert (
+            generate.attributes["gen_ai.usage.input_tokens"]
+            == generate.attributes["cuda_agent.prompt_tokens"]
+        )
+        assert (
+            generate.attributes["gen_ai.usage.output_tokens"]
+            == generate.attributes["cuda_agent.generated_tokens"]
+        )
+        assert generate.attributes["gen_ai.usage.output_tokens"] > 0
+
+
 def test_chat_api_backend_runs_the_same_loop_marked_not_token_exact(
     sandbox_server: RunningServer, codec: ChatCodec
 ) -> None:

@@ -38,6 +38,7 @@ class ReceivedSpan:
     end_ns: int
     attributes: dict[str, Any]
     resource: dict[str, Any]
+    links: list[tuple[str, str]]  # (trace_id, span_id) of each span this one links to
 
     @classmethod
     def decode(cls, span: Span, resource: dict[str, Any]) -> ReceivedSpan:
@@ -51,6 +52,7 @@ class ReceivedSpan:
             end_ns=span.end_time_unix_nano,
             attributes={kv.key: any_value(kv.value) for kv in span.attributes},
             resource=resource,
+            links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
         )
 
 

@@ -1,6 +1,7 @@
 """One local episode traced end to end: the agent loop (scripted policy) in this process and a real
 sandbox server (fake judge, tests/sandbox) as a subprocess both export OTLP/HTTP to an in-process
-collector; the trace must be one tree from the trainer's run span into the server's judge phases. The
+collector; the episode must be one trace of its own, linked to the trainer's step, from the episode span
+into the server's judge phases. The
 server's /metrics is scraped and parsed with prometheus_client's parser."""
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def _one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
     return found[0]
 
 
-def test_one_trace_follows_the_episode_from_the_trainer_into_the_judge(
+def test_one_trace_per_episode_from_the_trainer_into_the_judge_linked_to_its_step(
     episode: tuple[Trajectory, list[ReceivedSpan], dict[str, float]],
 ) -> None:
     trajectory, spans, _ = episode
@@ -161,9 +162,16 @@ def test_one_trace_follows_the_episode_from_the_trainer_into_the_judge(
 
     run = _one(spans, Stage.RUN)
     assert run.parent_id == ""
-    assert {s.trace_id for s in spans} == {run.trace_id}, "every span of the episode is in the run's trace"
     step, episode_span = _one(spans, Stage.STEP), _one(spans, Stage.EPISODE)
-    assert parent(step) is run and parent(episode_span) is step
+    assert parent(step) is run and step.trace_id == run.trace_id
+    # The episode is the root of a trace of its own, with a Link to the step that ran it; every other
+    # span, the sandbox server's included, is in the episode's trace, which its record names.
+    assert episode_span.parent_id == "" and episode_span.trace_id != run.trace_id
+    assert episode_span.links == [(step.trace_id, step.span_id)]
+    assert trajectory.trace_id == episode_span.trace_id and trajectory.span_id == episode_span.span_id
+    others = [s for s in spans if s.name not in (Stage.RUN, Stage.STEP)]
+    assert {s.trace_id for s in others} == {episode_span.trace_id}, "the episode's spans are in its trace"
+    assert {s.resource["service.name"] for s in others} == {"cuda-agent-trainer", "cuda-agent-sandbox"}
     assert episode_span.attributes["cuda_agent.episode_id"] == "ep-traced"
     assert episode_span.attributes["cuda_agent.reward"] == 3.0
     assert episode_span.attributes["cuda_agent.end"] == "finished"

@@ -29,6 +29,13 @@ from opentelemetry.util.types import AttributeValue
 from cuda_agent.telemetry.config import TelemetryConfig
 
 ATTRIBUTE_PREFIX = "cuda_agent."
+# OpenTelemetry GenAI semantic conventions (github.com/open-telemetry/semantic-conventions-genai), which
+# LLM-aware backends read off a generation span. Spelled here: opentelemetry-semantic-conventions marks
+# its copies deprecated since the conventions moved to their own repository.
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 _SCALARS = (str, bool, int, float)
 
 # The provider configured by configure_tracing; None means "whatever the global one is" (a no-op
@@ -150,6 +157,43 @@ def span(
     sets its status to ERROR, then propagates."""
     with tracer().start_as_current_span(name, kind=kind, attributes=span_attributes(attributes)) as current:
         yield current
+
+
+@contextmanager
+def linked_root_span(
+    name: str, /, *, kind: trace.SpanKind = trace.SpanKind.INTERNAL, **attributes: object
+) -> Iterator[trace.Span]:
+    """A span that starts a trace of its own, with an OpenTelemetry Link to the current span (when there
+    is one, local or from a caller's `traceparent`). An episode is one: a run's trace would otherwise grow
+    with every episode of every step, and backends show a link from either side. Baggage is kept."""
+    current = trace.get_current_span().get_span_context()
+    links = [trace.Link(current)] if current.is_valid else []
+    root = trace.set_span_in_context(trace.INVALID_SPAN)  # no parent: a new trace id
+    with tracer().start_as_current_span(
+        name, context=root, kind=kind, links=links, attributes=span_attributes(attributes)
+    ) as started:
+        yield started
+
+
+def link_to(span_: trace.Span, trace_id: str, span_id: str) -> None:
+    """Add a Link from `span_` to the span `trace_id`/`span_id` (hex, as `format_trace_id` writes them):
+    the step span's link to each episode's trace, whose ids come back with the episode's record."""
+    linked = trace.SpanContext(
+        trace_id=int(trace_id, 16),
+        span_id=int(span_id, 16),
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    if linked.is_valid:
+        span_.add_link(linked)
+
+
+def current_ids() -> tuple[str, str] | None:
+    """The current span's (trace_id, span_id) in hex, or None outside any recorded span."""
+    context_ = trace.get_current_span().get_span_context()
+    if not context_.is_valid:
+        return None
+    return trace.format_trace_id(context_.trace_id), trace.format_span_id(context_.span_id)
 
 
 def past_span(name: str, start_ns: int, end_ns: int, **attributes: object) -> None:

@@ -42,8 +42,14 @@ from cuda_agent.agent.trajectory import EpisodeEnd, JudgeVerdict, Trajectory, Tu
 from cuda_agent.api.sandbox import JudgeRun, SessionInfo, TaskRef, ToolName
 from cuda_agent.rollout.base import ChatBackend, Generation, GenerationBackend, SamplingParams
 from cuda_agent.sandbox.client import SandboxClient, SandboxError
-from cuda_agent.telemetry import Stage, record_episode, span
+from cuda_agent.telemetry import Stage, current_ids, linked_root_span, record_episode, span
 from cuda_agent.telemetry.metrics import EPISODES_IN_FLIGHT
+from cuda_agent.telemetry.tracing import (
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_RESPONSE_FINISH_REASONS,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +136,12 @@ class AgentLoop:
                     break
                 log.warning(
                     "episode attempt failed in the sandbox",
-                    extra={"episode_id": episode_id, "attempt": attempt, "error": trajectory.error},
+                    extra={
+                        "episode_id": episode_id,
+                        "attempt": attempt,
+                        "error": trajectory.error,
+                        "episode_trace_id": trajectory.trace_id,
+                    },
                 )
         assert trajectory is not None
         trajectory.wall_s = time.monotonic() - started
@@ -178,11 +189,17 @@ class _Episode:
         # A chat API (hosted model) gets the conversation as messages; token backends never need them.
         self.chat = loop.backend if isinstance(loop.backend, ChatBackend) else None
         self.messages: list[dict[str, Any]] = []
+        self.trace_ids: tuple[str, str] | None = None  # the episode's (trace_id, span_id) when traced
 
     # ------------------------------------------------------------------ driver
 
     async def run(self) -> Trajectory:
-        with span(Stage.EPISODE, episode_id=self.episode_id, task=self.task.name, attempt=self.attempt) as sp:
+        # The episode starts a trace of its own, linked to the caller's span (the trainer's step): one
+        # trace per episode stays readable, where one per run would grow without bound.
+        with linked_root_span(
+            Stage.EPISODE, episode_id=self.episode_id, task=self.task.name, attempt=self.attempt
+        ) as sp:
+            self.trace_ids = current_ids()
             try:
                 state = await self._start()
                 while state is not EpisodeState.DONE:
@@ -313,6 +330,15 @@ class _Episode:
                 return self._stop("generation_error", f"{type(exc).__name__}: {exc}")
             sp.set_attribute("cuda_agent.generated_tokens", len(generation.token_ids))
             sp.set_attribute("cuda_agent.finish_reason", generation.finish_reason)
+            # OpenTelemetry's GenAI semantic conventions, which LLM-aware backends read.
+            sp.set_attributes(
+                {
+                    GEN_AI_OPERATION_NAME: "chat" if self.chat is not None else "text_completion",
+                    GEN_AI_USAGE_INPUT_TOKENS: len(self.token_ids),
+                    GEN_AI_USAGE_OUTPUT_TOKENS: len(generation.token_ids),
+                    GEN_AI_RESPONSE_FINISH_REASONS: (generation.finish_reason,),
+                }
+            )
         self.generate_s = time.monotonic() - started
         self.token_ids += generation.token_ids
         self.loss_mask += [1] * len(generation.token_ids)
@@ -480,4 +506,6 @@ class _Episode:
             token_exact=self.loop.backend.token_exact,
             attempts=self.attempt,
             error=self.error,
+            trace_id=self.trace_ids[0] if self.trace_ids else None,
+            span_id=self.trace_ids[1] if self.trace_ids else None,
         )

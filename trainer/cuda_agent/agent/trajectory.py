@@ -78,6 +78,12 @@ class Trajectory(BaseModel):
     )
     attempts: int = Field(default=1, ge=1, description="Episodes started for this record (sandbox retries).")
     error: str | None = Field(default=None, description="Why the episode ended early, when it did.")
+    # Each episode is a trace of its own (docs/telemetry.md); its ids come back with the record so the
+    # step span can link to it and a record can be looked up in the tracing backend.
+    trace_id: str | None = Field(
+        default=None, description="The episode's trace (32 hex digits); None when tracing was off."
+    )
+    span_id: str | None = Field(default=None, description="The episode's root span (16 hex digits).")
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:

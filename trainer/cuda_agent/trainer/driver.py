@@ -24,7 +24,7 @@ from cuda_agent.api.run_contract import TrainerProgress
 from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRun, TrainingRunPhase
 from cuda_agent.runstatus import StatusWriter
 from cuda_agent.storage import join_uri, open_store
-from cuda_agent.telemetry import Stage, record_step, span
+from cuda_agent.telemetry import Stage, link_to, record_step, span
 from cuda_agent.telemetry.tracing import span_attributes
 from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
 from cuda_agent.trainer.data import TaskOrder
@@ -285,6 +285,7 @@ class Trainer:
             seed=self._seed(step) * 10_000,
         )
         trajectories = run_async(self.rollout.generate(request))  # one event loop for the whole run
+        _link_episodes(trace.get_current_span(), trajectories)
         self._record(f"episodes/{stage}/step-{step:06d}.jsonl", trajectories)
         return trajectories
 
@@ -395,6 +396,18 @@ class Trainer:
             self.status.write(progress)
         except Exception:  # a status write must never kill training; the next report retries
             log.exception("status write failed")
+
+
+def _link_episodes(step: trace.Span, trajectories: list[Trajectory]) -> None:
+    """The step span's way to its episodes, each a trace of its own: a Link to each episode's root span
+    (the SDK keeps the first OTEL_SPAN_LINK_COUNT_LIMIT, 128 by default) and every trace id as the
+    attribute `cuda_agent.episode_trace_ids`. Each episode links back to the step in any case."""
+    traced = [t for t in trajectories if t.trace_id and t.span_id]
+    for trajectory in traced:
+        assert trajectory.trace_id is not None and trajectory.span_id is not None
+        link_to(step, trajectory.trace_id, trajectory.span_id)
+    if traced:
+        step.set_attribute("cuda_agent.episode_trace_ids", [str(t.trace_id) for t in traced])
 
 
 def _bounded(value: float | None, high: float) -> float | None:
