@@ -4,7 +4,7 @@ Brings up the local control plane (etcd + kube-apiserver + controllers + kwok GP
 artifacts, and `cuda-agent operator --executor local`; applies examples/trainingrun-local.yaml (a CPU
 SandboxPool and a small TrainingRun); then shows `kubectl get tr` with PHASE / STEP / REWARD / PASS RATE as
 the trainer moves them, and a summary at the end. Everything is torn down afterwards (`--keep` leaves the
-cluster, MinIO and operator log in place and prints how to reach them).
+cluster, MinIO and the operator running and prints how to reach them and the commands that tear them down).
 
 The run's `pvc://` URIs resolve under a local directory the operator hands the trainer as its PVC root:
 `pvc://models/smollm2-135m-instruct` is the offline SmolLM2 package, `pvc://examples/...` this repository's
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -24,13 +25,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
 from cuda_agent.localcluster.binaries import BuildError, GoMissingError
 from cuda_agent.localcluster.cli import bring_up
-from cuda_agent.localcluster.cluster import ClusterConfig, ClusterError, KubectlError, LocalCluster
+from cuda_agent.localcluster.cluster import (
+    ClusterConfig,
+    ClusterError,
+    KubectlError,
+    LocalCluster,
+    default_workdir,
+)
 from cuda_agent.localcluster.minio import LocalMinio
 from cuda_agent.storage.claims import prepare_pvc_root
 
@@ -104,18 +111,72 @@ def get_run(cluster: LocalCluster, name: str) -> dict[str, Any]:
     return found
 
 
+def live_condition(status: dict[str, Any]) -> str:
+    """The first condition that holds, as `Type: Reason message` (what the operator says it is doing)."""
+    live = next((c for c in status.get("conditions") or () if c.get("status") == "True"), None)
+    if live is None:
+        return ""
+    return f"{live.get('type')}: {live.get('reason', '')} {live.get('message', '')}".strip()
+
+
 def progress_line(run: dict[str, Any]) -> str:
-    """`[#####-----] step 2/3  Running: <the live condition's message>`."""
+    """`[#####-----] Training  step 2/3  Provisioned: Running local sandbox server at ...`."""
     steps = int(run["spec"].get("algorithm", {}).get("steps", 150))
     status = run.get("status") or {}
     step = int(status.get("step") or 0)
     done = round(BAR_WIDTH * min(step, steps) / steps)
-    live = next(
-        (c for c in status.get("conditions") or () if c.get("status") == "True"),
-        {"type": status.get("phase") or "Pending", "message": ""},
-    )
-    message = f"{live.get('type')}: {live.get('reason', '')} {live.get('message', '')}".strip()
-    return f"[{'#' * done}{'-' * (BAR_WIDTH - done)}] step {step}/{steps}  {message[:90]}"
+    phase, condition = status.get("phase") or "Pending", live_condition(status)[:90]
+    return f"[{'#' * done}{'-' * (BAR_WIDTH - done)}] {phase:<9} step {step}/{steps}  {condition}"
+
+
+class RunProgress:
+    """The run's progress for a person. On a terminal: a tqdm bar redrawn in place, its label the phase, its
+    count the steps done of spec.algorithm.steps (with tqdm's rate and time left), after it the live
+    condition and the trainer's latest line; it fits the terminal's width. Elsewhere (a log, CI, a pipe):
+    one line each time the phase, the step or the live condition changes, never one per poll."""
+
+    def __init__(self, run: dict[str, Any], tty: bool, started: float, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.started = started
+        self._last = ""
+        self._bar: Any = None
+        if tty:
+            from tqdm import tqdm  # the trainer's dependency; the demo runs the trainer on this machine
+
+            steps = int(run["spec"].get("algorithm", {}).get("steps", 150))
+            self._bar = tqdm(
+                total=steps,
+                unit="step",
+                file=self.stream,
+                dynamic_ncols=True,
+                desc=f"{'Pending':<9}",
+                bar_format="{desc} |{bar:20}| step {n}/{total} [{elapsed}<{remaining}]{postfix}",
+            )
+
+    def row(self, text: str) -> None:
+        """A line above the bar (a changed `kubectl get tr` row)."""
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def update(self, run: dict[str, Any], news: str = "") -> None:
+        status = run.get("status") or {}
+        if self._bar is not None:
+            self._bar.set_description_str(f"{status.get('phase') or 'Pending':<9}", refresh=False)
+            self._bar.n = min(int(status.get("step") or 0), self._bar.total)
+            condition = live_condition(status)
+            self._bar.set_postfix_str(f"{condition}" + (f" | {news}" if news else ""), refresh=False)
+            self._bar.refresh()
+            return
+        line = progress_line(run)
+        if line != self._last:
+            self._last = line
+            print(f"{line}  [{time.monotonic() - self.started:.0f}s]", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
 
 
 def trainer_news(log: Path) -> str:
@@ -131,34 +192,36 @@ def trainer_news(log: Path) -> str:
 
 
 def watch(cluster: LocalCluster, name: str, timeout: float, started: float, run_dir: Path) -> Observation:
-    """Print `kubectl get tr` whenever its row changes and a progress bar, until the run ends."""
+    """Print `kubectl get tr` whenever its row changes and the run's progress, until the run ends."""
     seen = Observation()
     header_printed = False
-    while True:
-        table = cluster.kubectl("get", "trainingrun", name, "-n", NAMESPACE).stdout.splitlines()
-        run = get_run(cluster, name)
-        status = run.get("status") or {}
-        if not header_printed and table:
-            print(f"\n$ kubectl get tr {name}\n{table[0]}")
-            header_printed = True
-        tty = sys.stdout.isatty()  # on a terminal the bar redraws in place; in a log it is one line per poll
-        row = table[1].rsplit(maxsplit=1)[0] if len(table) > 1 else ""  # AGE ticks: not a change
-        if row and row != seen.last_row:
-            seen.last_row = row
-            print(f"\r{' ' * 160}\r{table[1]}" if tty else table[1], flush=True)
-        _record(seen, status)
-        news = trainer_news(run_dir / "trainer.log")
-        bar = f"{progress_line(run)}  {time.monotonic() - started:5.0f}s" + (f"  | {news}" if news else "")
-        print(f"\r{bar[:160]:<160}" if tty else bar, end="" if tty else "\n", flush=True)
-        if status.get("phase") in TERMINAL_PHASES:
-            print()
-            return seen
-        if time.monotonic() - started > timeout:
-            print()
-            print(f"\nthe run did not finish within {timeout:.0f} s (phase {status.get('phase')})")
-            seen.timed_out = True
-            return seen
-        time.sleep(POLL_SECONDS)
+    progress: RunProgress | None = None
+    try:
+        while True:
+            table = cluster.kubectl("get", "trainingrun", name, "-n", NAMESPACE).stdout.splitlines()
+            run = get_run(cluster, name)
+            status = run.get("status") or {}
+            if progress is None:
+                progress = RunProgress(run, sys.stdout.isatty(), started)
+            if not header_printed and table:
+                progress.row(f"\n$ kubectl get tr {name}\n{table[0]}")
+                header_printed = True
+            row = table[1].rsplit(maxsplit=1)[0] if len(table) > 1 else ""  # AGE ticks: not a change
+            if row and row != seen.last_row:
+                seen.last_row = row
+                progress.row(table[1])
+            _record(seen, status)
+            progress.update(run, trainer_news(run_dir / "trainer.log"))
+            if status.get("phase") in TERMINAL_PHASES:
+                return seen
+            if time.monotonic() - started > timeout:
+                progress.row(f"\nthe run did not finish within {timeout:.0f} s (phase {status.get('phase')})")
+                seen.timed_out = True
+                return seen
+            time.sleep(POLL_SECONDS)
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def _record(seen: Observation, status: dict[str, Any]) -> None:
@@ -252,6 +315,52 @@ def stop(process: subprocess.Popen[bytes] | None) -> None:
         process.wait()
 
 
+def cuda_agent_command() -> str:
+    """How to run `cuda-agent` from a shell that may not have this virtualenv on its PATH."""
+    script = Path(sys.executable).parent / "cuda-agent"
+    if script.is_file():
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m cuda_agent.cli"
+
+
+def left_running(
+    cluster: ClusterConfig,
+    kubeconfig: Path,
+    workdir: Path,
+    operator: subprocess.Popen[bytes] | None,
+    minio: LocalMinio | None,
+) -> str:
+    """What `--keep` leaves running, how to reach it, and the exact commands that tear it all down: the
+    operator first (on SIGTERM it stops its trainer and sandbox server; waited for, so nothing is left
+    writing to the apiserver or MinIO), then MinIO, then the control plane."""
+    operator_pid = operator.pid if operator is not None and operator.poll() is None else None
+    minio_pid = (
+        minio.process.pid if minio is not None and minio.process and minio.process.poll() is None else None
+    )
+    q = shlex.quote
+    lines = [
+        "",
+        "Left running (--keep):",
+        f"  export KUBECONFIG={q(str(kubeconfig))}   # kubectl get tr; kubectl describe tr",
+    ]
+    if operator_pid is not None:
+        lines.append(f"  operator: pid {operator_pid}, log {workdir / 'operator.log'}")
+    if minio is not None and minio_pid is not None:
+        lines.append(
+            f"  MinIO: {minio.url}, pid {minio_pid} (its keys: kubectl get secret {ARTIFACTS_SECRET} -o yaml)"
+        )
+    lines += ["", "To tear everything down:"]
+    if operator_pid is not None:
+        lines.append(f"  kill {operator_pid}; while kill -0 {operator_pid} 2>/dev/null; do sleep 1; done")
+    if minio_pid is not None:
+        lines.append(f"  kill {minio_pid}")
+    where = "" if cluster.workdir == default_workdir() else f" --workdir {q(str(cluster.workdir))}"
+    lines.append(f"  {cuda_agent_command()} cluster --name {cluster.name}{where} down")
+    runs = " ".join(q(str(workdir / part)) for part in ("runs", "minio", "pvc", "operator.log"))
+    lines.append(f"  rm -rf {runs}   # optional: run directories, MinIO data, PVC root, operator log")
+    return "\n".join(lines)
+
+
 def run_demo(args: argparse.Namespace, cluster: LocalCluster) -> int:
     started = time.monotonic()
     workdir: Path = args.workdir
@@ -292,7 +401,7 @@ def run_demo(args: argparse.Namespace, cluster: LocalCluster) -> int:
             if minio is not None:
                 minio.stop()
         else:
-            print(f"\nleft running: export KUBECONFIG={kubeconfig}; operator log {workdir / 'operator.log'}")
+            print(left_running(cluster.config, kubeconfig, workdir, operator, minio), flush=True)
 
 
 def main(argv: Sequence[str]) -> int:

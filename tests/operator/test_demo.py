@@ -7,6 +7,7 @@ The trainer is the stand-in of test_local_executor.py (tests/operator/standin_tr
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import shutil
@@ -44,6 +45,12 @@ def test_demo_runs_the_local_run_to_the_end_and_summarises_it(tmp_path: Path) ->
     assert result.returncode == 0, output[-6000:]
     assert "NAME" in output and "PHASE" in output and "PASS RATE" in output  # the kubectl get tr table
     assert "step 3/3" in output  # the progress bar reached the end
+    progress = [line.rsplit("  [", 1)[0] for line in result.stdout.splitlines() if "/3  " in line]
+    phases = [line.split("] ", 1)[1].split()[0] for line in progress]
+    assert phases[-1] == "Succeeded" and len(set(phases)) >= 2, progress  # the phase, as it changed
+    assert "] Succeeded step 3/3" in progress[-1], progress
+    # Off a terminal a line is printed when phase, step or condition change, never twice the same in a row.
+    assert all(a != b for a, b in itertools.pairwise(progress)), progress
     assert "phase: Succeeded" in output
     assert "2.000 at step 3" in output  # the last mean reward, in the summary (earlier steps may go unseen)
     trainer_log = tmp_path / "work" / "runs" / "default" / "finish-demo" / "trainer.log"
