@@ -328,3 +328,73 @@ def test_path_arguments_are_made_absolute_at_the_boundary(
     args.tasks = "s3://bench/kernelbench/"
     cli.absolute_paths(args)
     assert args.tasks == "s3://bench/kernelbench/"
+
+
+def test_local_judge_rows_say_where_the_time_went_and_who_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cuda-agent eval`'s local judge process (the real judge CLI) hands its evaluation to the service named
+    by CUDA_AGENT_JUDGE_SERVICE, and the row records that and the judge's time breakdown (phases, steps,
+    lock waits). The service here is a stand-in speaking the service protocol with a verdict written by the
+    judge's own model: a real one starts a torch judge zygote (minutes on this 2-core machine; it is
+    tests/judge/test_auto_service.py's; bench/eval_throughput_gpu.py runs eval through one on the H200)."""
+    import asyncio
+    import socket
+    import threading
+
+    from cuda_agent.api.judge import JudgeVerdict, PhaseSeconds
+    from cuda_agent.eval.judging import LocalJudge, result_row
+    from cuda_agent.eval.tasks import Candidate, Task
+    from cuda_agent.sandbox.judge.local_service import NO_SERVICE_FLAG
+
+    verdict = JudgeVerdict(
+        reward=2,
+        compiled=True,
+        correct=True,
+        device="cpu",
+        seconds=PhaseSeconds(build=9.5, verify=3.0, profile=1.5),
+        steps_s={"build": 9.5, "references": 0.7, "worker.compile_baseline": 6.25},
+        lock_wait_s=4.0,
+        build_lock_wait_s=0.25,
+    )
+    requests: list[dict[str, Any]] = []
+    sock_path = tmp_path / "s" / "judge.sock"
+    sock_path.parent.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(sock_path))
+    listener.listen(1)
+
+    def serve_one() -> None:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rwb") as stream:
+            requests.append(json.loads(stream.readline()))
+            for message in (
+                {"accepted": True, "pid": 1},
+                {"stdout": verdict.model_dump_json() + "\n", "exit": 0},
+            ):
+                stream.write(json.dumps(message).encode() + b"\n")
+                stream.flush()
+
+    server = threading.Thread(target=serve_one, daemon=True)
+    server.start()
+    monkeypatch.setenv("CUDA_AGENT_JUDGE_SERVICE", str(sock_path))
+    task_path = _write(tmp_path / "relu.py")
+    candidate = Candidate(
+        Task(level="tasks", name="relu", path=task_path, source=TASK), _write(tmp_path / "model_new.py")
+    )
+    judge = LocalJudge(JudgeSettings(compile_mode="none"), "cpu", tmp_path)
+    judged = asyncio.run(judge.evaluate(candidate))
+    server.join(30)
+    listener.close()
+    assert requests and NO_SERVICE_FLAG in requests[0]["argv"] and str(task_path) in requests[0]["argv"]
+    assert judged.status == "judged" and judged.via_service
+    row = result_row(candidate, judged, None)
+    assert (row.reward, row.judge_service) == (2, True)
+    assert row.phase_s == {"build": 9.5, "verify": 3.0, "profile": 1.5}
+    assert row.steps_s["worker.compile_baseline"] == 6.25
+    assert (row.lock_wait_s, row.build_lock_wait_s) == (4.0, 0.25)
+    # A row from results.jsonl of an earlier version (no breakdown) still reads.
+    assert (
+        TaskResult.model_validate_json(row.model_dump_json(exclude={"steps_s", "judge_service"})).steps_s
+        == {}
+    )

@@ -24,6 +24,9 @@ from cuda_agent.eval.tasks import Candidate, Task
 
 # Beyond the judge's own --timeout (its phases stop there), time for start-up and the verdict.
 _PROCESS_GRACE_S = 120.0
+# The line `cuda-agent judge` writes to stderr when a warm judge service judged for it (local_service's
+# judge_via_service; tests/eval/test_eval_units.py runs the real CLI against a service to hold them together).
+_SERVED_MARK = "cuda-agent judge: judged by the judge service at "
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Judged:
     result: JudgeResult | None
     message: str | None
     seconds: float
+    via_service: bool = False
 
 
 class Judge(Protocol):
@@ -104,7 +108,8 @@ class LocalJudge:
         if proc.returncode != 0:
             return Judged("no-result", None, f"judge exit {proc.returncode}: {stderr[-500:]}", seconds)
         try:
-            return Judged("judged", JudgeResult.model_validate_json(out.decode().strip()), None, seconds)
+            result = JudgeResult.model_validate_json(out.decode().strip())
+            return Judged("judged", result, None, seconds, via_service=_SERVED_MARK in stderr)
         except ValueError as exc:
             return Judged("no-result", None, f"unreadable judge output: {str(exc)[:300]}", seconds)
 
@@ -190,5 +195,22 @@ def result_row(candidate: Candidate, judged: Judged, solutions: Path | None) -> 
             "precision": result.precision,
             "device": result.device,
             "build_cached": result.build_cached,
+            "phase_s": _seconds_map(result.seconds),
+            "steps_s": _seconds_map((result.model_extra or {}).get("steps_s")),
+            "lock_wait_s": result.lock_wait_s,
+            "build_lock_wait_s": _number((result.model_extra or {}).get("build_lock_wait_s")),
+            "judge_service": judged.via_service,
         }
     )
+
+
+def _seconds_map(value: object) -> dict[str, float]:
+    """A map of seconds from the judge (`seconds`, `steps_s`), numbers only: a judge of another version
+    may print other shapes."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float))}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

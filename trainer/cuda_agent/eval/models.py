@@ -106,6 +106,18 @@ class TaskResult(BaseModel):
     device: str | None = None
     build_cached: bool | None = None
     seconds: float = Field(default=0.0, ge=0, description="wall time of this evaluation")
+    # Where that time went, as the judge reported it (docs/judge.md, `--json`): its phases (build, verify,
+    # profile), its step breakdown, and the seconds it waited for the device lock and for build-cache locks
+    # (the precompiled header).
+    phase_s: dict[str, float] = Field(default_factory=dict)
+    steps_s: dict[str, float] = Field(default_factory=dict)
+    lock_wait_s: float | None = None
+    build_lock_wait_s: float | None = None
+    judge_service: bool = Field(
+        default=False,
+        description="the local judge process handed this evaluation to a warm judge service "
+        "(CUDA_AGENT_JUDGE_SERVICE) instead of judging in-process",
+    )
     allclose: AllcloseCheck | None = None
     # policy episodes only
     episode_end: str | None = None
