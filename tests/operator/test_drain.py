@@ -69,3 +69,20 @@ def test_busy_pods_are_removed_after_the_grace_period() -> None:
 def test_pods_that_never_started_are_removed_at_once() -> None:
     pods = [pod(0), pod(1, phase="Pending")]
     assert plan_drain(1, 2, pods, {}, NOW, grace=600).statefulset_replicas == 1
+
+
+def test_the_deadline_is_when_the_last_held_pod_is_past_its_grace() -> None:
+    pods = [pod(0), pod(1, drain_since=NOW - timedelta(seconds=30)), pod(2), pod(3)]
+    loads = dict([load(1, 2), load(2, 1), load(3, 0)])
+    plan = plan_drain(1, 4, pods, loads, NOW, grace=60)
+    assert plan.waiting_on == ("pool-2", "pool-1")
+    # pool-1's clock started 30 s ago (due in 30 s); pool-2's starts with this pass (due in 60 s).
+    assert plan.deadline == NOW + timedelta(seconds=60)
+    only_one = dict([load(1, 2), load(2, 0), load(3, 0)])
+    assert plan_drain(1, 4, pods, only_one, NOW, grace=60).deadline == NOW + timedelta(seconds=30)
+    # A pod that does not answer is held for its grace period too.
+    assert plan_drain(1, 4, pods, dict([load(1, 0), load(2, 0)]), NOW, grace=60).deadline == NOW + timedelta(
+        seconds=60
+    )
+    assert plan_drain(1, 4, pods, dict([load(1, 0), load(2, 0), load(3, 0)]), NOW, grace=60).deadline is None
+    assert plan_drain(4, 4, pods, {}, NOW, grace=60).deadline is None

@@ -24,6 +24,9 @@ class DrainPlan:
     start_draining: tuple[str, ...]  # annotate these pods now
     stop_draining: tuple[str, ...]  # a cancelled scale-down: remove their annotation
     waiting_on: tuple[str, ...]  # pods whose sessions hold the scale-down back
+    # When the last of them is past its grace period, so the scale-down goes on whether or not their
+    # sessions end (None: nothing is held back). For the pool's Scaling message: "... by <deadline>".
+    deadline: datetime | None = None
 
     @property
     def draining(self) -> bool:
@@ -63,4 +66,8 @@ def plan_drain(
     # clock that started, and is written again.
     start = tuple(p.name for p in busy if trusted_time(p.drain_since, now) is None)
     replicas = max([desired, *((p.ordinal or 0) + 1 for p in busy)])
-    return DrainPlan(min(replicas, current), start, tuple(keep), tuple(p.name for p in busy))
+    # A pod whose clock starts now (annotated by this pass) is past its grace at now + grace.
+    clocks = [trusted_time(p.drain_since, now) or now for p in busy]
+    deadline = max(clocks) + timedelta(seconds=grace) if clocks else None
+    waiting = tuple(p.name for p in busy)
+    return DrainPlan(min(replicas, current), start, tuple(keep), waiting, deadline)
