@@ -1,12 +1,12 @@
 """The cluster executor: a TrainingRun's training in pods (the RunExecutor seam below the run reconciler;
 the protocol lives in context.py, with the context that holds an executor).
 
-The reconcile pass (run_reconciler) is the same in every mode: validate, write the trainer's identity and
-run file, decide suspension, then ask its executor what runs now (`observe`), to create what is missing
-(`ensure`) or to stop it (`remove`), and write one status. The cluster executor runs the trainer in pods
-on a Ray cluster (KubeRay's or the run's own pods); the local executor (local_executor.py) runs the
-trainer and a sandbox server as processes on this machine, for the embedded default where kwok's nodes
-cannot run pods.
+The reconcile pass (run_reconciler's RUN_STEPS) is the same in every mode: validate, write the trainer's
+identity and run file, ask its executor what runs now (`observe`), decide suspension and the run's end,
+then ask it to stop the compute (`remove`) or create what is missing (`ensure`), and write one status.
+The cluster executor runs the trainer in pods on a Ray cluster (KubeRay's or the run's own pods); the
+local executor (local_executor.py) runs the trainer and a sandbox server as processes on this machine,
+for the embedded default where kwok's nodes cannot run pods.
 """
 
 from __future__ import annotations

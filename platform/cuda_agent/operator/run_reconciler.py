@@ -14,9 +14,9 @@ there: it decides from its own record (run_record.py), never from the status.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -73,6 +73,8 @@ from cuda_agent.operator.tenancy import (
     resume_point,
     within,
 )
+from cuda_agent.operator.views import ChildView
+from cuda_agent.operator.workqueue import Key
 
 log = logging.getLogger(__name__)
 CHECKPOINT_POLL_SECONDS = 2.0
@@ -291,155 +293,293 @@ def _suspend_step(
     return "checkpointing", "waiting for the trainer's checkpoint before scaling to zero", False, record
 
 
+@dataclass
+class RunPass:
+    """One reconcile pass of a run: what it read at its start, then each step's part, in step order (a
+    step reads only what the steps before it filled in). `record` is the operator's own record, which
+    the steps update and the pass writes once, before its one status write."""
+
+    context: OperatorContext
+    body: Manifest
+    spec: TrainingRunSpec
+    run: RunContext
+    now: datetime
+    previous: Manifest  # the status as the basis shows it: read for the trainer's progress (and _adopted_end)
+    annotations: Mapping[str, str]
+    problems: Sequence[str]  # record annotations that were not valid (rewritten, with a Warning Event)
+    record: RunRecord
+    children: Mapping[tuple[str, str], ChildView]
+    progress: int | None  # the trainer's reported step
+    last: str  # the last checkpoint under the run's own prefix ("" for none)
+    blocked: Condition | None  # why the run cannot start (validate_run)
+    ended: Condition | None  # the recorded end (or one an earlier operator version left in the status)
+    # _apply_identity, then _admit_and_start: what was created, and apply errors as text
+    created: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    # _observe_compute (the trainer's state, as the run's end and suspension read it)
+    compute: Compute = field(init=False, repr=False)
+    driver: str = "absent"
+    # _decide_suspension
+    suspend: str | None = None  # None, "checkpointing" or "suspended"
+    suspend_message: str = ""
+    delete_now: bool = False  # the suspension checkpoint is there (or will not come): remove the compute
+    # _decide_end
+    failure: Condition | None = None
+    newly_ended: bool = False
+    # _decide_suspension, _release_compute or _admit_and_start (at most one of them sets it)
+    admission: Condition | None = None
+    removed: list[str] = field(default_factory=list)
+    # _observe_again
+    existed: bool = False  # whether compute existed before this pass's changes
+
+    @property
+    def key(self) -> Key:
+        return (lb.RUN_KIND, self.run.namespace, self.run.name)
+
+    @property
+    def ref(self) -> Ref:
+        return Ref(lb.RUN_KIND, self.run.namespace, self.run.name)
+
+    @property
+    def may_start(self) -> bool:
+        """Whether this pass may admit the run and create its compute."""
+        return self.ended is None and not self.newly_ended and not self.spec.suspend and self.blocked is None
+
+
+RunStep = Callable[[RunPass], Awaitable[None]]
+
+
 async def reconcile_run(context: OperatorContext, namespace: str, name: str) -> float | None:
     """Converge one TrainingRun; returns seconds until the next pass is needed (None: on events only).
 
     Everything it decides comes from what the operator observes (the spec, its children, the pool and
     Secret) and from its own record in the run's annotations (run_record.py); of the status it reads
-    only the trainer's progress (`step`, and `lastCheckpoint` when it lies under the run's prefix)."""
+    only the trainer's progress (`step`, and `lastCheckpoint` when it lies under the run's prefix).
+    The steps of RUN_STEPS run in order; then one record write and one status write."""
     key = (lb.RUN_KIND, namespace, name)
     body = context.owner(key)
     if body is None:
-        context.forget(key)
-        context.executor.forget(namespace, name)  # pods go by owner reference; local processes stop
-        for queued in context.queued_runs:  # its GPUs free up once the garbage collector is done
-            context.queue.add_after(queued, RELEASE_SECONDS)
+        _forget_run(context, key)
         return None
-    ref = Ref(lb.RUN_KIND, namespace, name)
+    begun = await _begin(context, key, body)
+    if not isinstance(begun, RunPass):
+        return begun  # a spec this operator's models refuse: compute stopped, InvalidSpec written
+    for step in RUN_STEPS:
+        await step(begun)
+    return await _conclude(begun)
+
+
+def _forget_run(context: OperatorContext, key: Key) -> None:
+    """A deleted run: pods go by owner reference, local processes stop, queued runs look again."""
+    context.forget(key)
+    context.executor.forget(key[1], key[2])
+    for queued in context.queued_runs:  # its GPUs free up once the garbage collector is done
+        context.queue.add_after(queued, RELEASE_SECONDS)
+
+
+async def _begin(context: OperatorContext, key: Key, body: Manifest) -> RunPass | float:
+    """What the pass starts from: the record, the trainer's progress, the children, and what admission
+    cannot validate (the spec against this operator's models, then what is the operator's to allow:
+    image, checkpoint prefix; and the references: pool, Secret). A spec the models refuse ends the
+    pass here (its seconds until the next one)."""
     now = datetime.now(UTC)
     previous, annotations = context.basis(key, body)
     record, problems = read_record(annotations, now, parse_rfc3339(body["metadata"].get("creationTimestamp")))
-    generation = int(body["metadata"].get("generation", 0))
     children = context.children_of(key)
-    ended = record.ended
-    step = previous.get("step") if isinstance(previous.get("step"), int) else None
-
-    # 1. Validate what admission cannot: the spec against this operator's models, then what is the
-    #    operator's to allow (image, checkpoint prefix) and the references (pool, Secret).
+    progress = previous.get("step") if isinstance(previous.get("step"), int) else None
     try:
         spec = TrainingRunSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        return await _unreadable(context, body, ref, error, record, annotations, problems, step, now)
+        ref = Ref(*key)
+        return await _unreadable(context, body, ref, error, record, annotations, problems, progress, now)
+    ended = record.ended
     blocked, artifacts_keys = (None, ()) if ended else await validate_run(context, body, spec)
     prefix_root = spec.checkpoint.prefix or default_checkpoint_prefix(
-        context.config.artifacts_bucket, namespace, name, body["metadata"]["uid"]
+        context.config.artifacts_bucket, key[1], key[2], body["metadata"]["uid"]
     )
     last = resume_point(previous.get("lastCheckpoint"), prefix_root) or ""
-    run = _run_context(context, body, spec, prefix_root, last or None, artifacts_keys)
-
-    # 2. The trainer's identity and run file (kept while suspended; they hold no resources), for a run
-    #    that may start: a run that ended or is blocked creates nothing.
-    errors: list[str] = []
-    created: list[str] = []
-    if ended is None and blocked is None:
-        created, errors = await apply_changed(
-            context,
-            [service_account(run), role(run), role_binding(run), run_config(run, body["spec"])],
-            children,
-        )
-
-    # 3. Observe the compute (whether or not the references resolve); decide suspension.
-    executor = context.executor
-    compute = await executor.observe(context, run, spec)
-    if ended is None:
-        ended = _adopted_end(record, previous, compute)
-    driver = compute.driver
-    if ended is not None:
-        driver = "complete" if ended.type == RunCondition.SUCCEEDED else "failed"
-    suspend, suspend_message, delete_now = None, "", False
-    if spec.suspend and ended is None:
-        suspend, suspend_message, delete_now, record = _suspend_step(
-            context.config, record, last, compute.exists, driver, now
-        )
-        if driver == "complete":
-            driver = "absent"  # a trainer exits 0 after its suspension checkpoint: the run is not finished
-    else:
-        record = replace(record, suspend_requested_at=None, checkpoint_before=None)
-
-    # 4. Why the run ends now, if it does: the trainer's own end, a deadline, a start that never came.
-    failure = ended if ended is not None and ended.type == RunCondition.FAILED else None
-    if ended is None and not spec.suspend:
-        failure = await decide_failure(context, run, spec, compute, record, last, now)
-    newly_ended = ended is None and (failure is not None or driver == "complete")
-
-    # 5. Admission and compute, under the admission lock while the run still has to be admitted, so
-    #    the gang it was checked for exists (as pending pods) before another run is checked. A blocked
-    #    run creates nothing, but what it already runs is still suspended, timed and ended.
-    admission: Condition | None = None
-    removed: list[str] = []
-    may_start = ended is None and not newly_ended and not spec.suspend and blocked is None
-    async with context.admission_lock if may_start and not compute.exists else nullcontext():
-        if ended is not None or delete_now:
-            # 5a. Let go of the compute (the end's record, a finished driver pod, stays for its logs).
-            removed = await executor.remove(context, run, keep_finished=not spec.suspend)
-            if removed:  # GPUs free up: queued runs look again once the pods are gone
-                for queued in context.queued_runs - {key}:
-                    context.queue.add_after(queued, RELEASE_SECONDS)
-            if ended is not None:
-                admission = Condition(
-                    RunCondition.ADMITTED, False, "RunFinished", "the run ended and released its GPUs"
-                )
-        elif newly_ended:
-            # 5b. The end goes into the record and the status first; the next pass removes the
-            #     compute. An operator killed in between finds the run ended instead of restarting it.
-            pass
-        elif may_start:
-            admission, run = await _admit(context, body, run, spec, compute.exists)
-            if admission.status:
-                context.admitted[key] = body["metadata"]["uid"]
-            if admission.status or run.gang.mechanism:  # a gang scheduler holds the pods itself
-                started, ensure_errors = await executor.ensure(context, run, spec)
-                created, errors = created + started, errors + ensure_errors
-        if spec.suspend and ended is None:
-            admission = Condition(
-                RunCondition.ADMITTED, False, "Suspended",
-                "spec.suspend is true: the run holds no GPUs; set it to false to resume",
-            )  # fmt: skip
-
-    # 6. The record (one annotation write when it changed), then one status write, from what runs now.
-    existed, compute = compute.exists, await executor.observe(context, run, spec)
-    if newly_ended:
-        record = replace(record, ended=failure or _succeeded(step, spec))
-    admitted = admission is not None and admission.status
-    holds = ended is None and not newly_ended and not spec.suspend
-    record = timed(
-        record,
-        holds=holds and (admitted or (admission is None and existed)),
-        fresh=not existed or bool(run.gang.mechanism),
-        since=compute.since,
-        running=compute.ready and compute.driver == "active",
+    return RunPass(
+        context=context,
+        body=body,
+        spec=spec,
+        run=_run_context(context, body, spec, prefix_root, last or None, artifacts_keys),
         now=now,
+        previous=previous,
+        annotations=annotations,
+        problems=problems,
+        record=record,
+        children=children,
+        progress=progress,
+        last=last,
+        blocked=blocked,
+        ended=ended,
     )
-    if record.started_at is None:
-        context.admitted.pop(key, None)
-    if blocked is not None and compute.exists and ended is None:
+
+
+async def _apply_identity(p: RunPass) -> None:
+    """The trainer's identity and run file (kept while suspended; they hold no resources), for a run
+    that may start: a run that ended or is blocked creates nothing."""
+    if p.ended is not None or p.blocked is not None:
+        return
+    run = p.run
+    children = [service_account(run), role(run), role_binding(run), run_config(run, p.body["spec"])]
+    p.created, p.errors = await apply_changed(p.context, children, p.children)
+
+
+async def _observe_compute(p: RunPass) -> None:
+    """What the executor runs now (whether or not the references resolve), and an end an earlier
+    operator version kept only in the status."""
+    p.compute = await p.context.executor.observe(p.context, p.run, p.spec)
+    if p.ended is None:
+        p.ended = _adopted_end(p.record, p.previous, p.compute)
+    p.driver = p.compute.driver
+    if p.ended is not None:
+        p.driver = "complete" if p.ended.type == RunCondition.SUCCEEDED else "failed"
+
+
+async def _decide_suspension(p: RunPass) -> None:
+    """spec.suspend: the trainer's checkpoint first, then scale to zero (_suspend_step); otherwise the
+    record forgets any earlier suspension."""
+    if not p.spec.suspend or p.ended is not None:
+        p.record = replace(p.record, suspend_requested_at=None, checkpoint_before=None)
+        return
+    p.suspend, p.suspend_message, p.delete_now, p.record = _suspend_step(
+        p.context.config, p.record, p.last, p.compute.exists, p.driver, p.now
+    )
+    if p.driver == "complete":
+        p.driver = "absent"  # a trainer exits 0 after its suspension checkpoint: the run is not finished
+    p.admission = Condition(
+        RunCondition.ADMITTED, False, "Suspended",
+        "spec.suspend is true: the run holds no GPUs; set it to false to resume",
+    )  # fmt: skip
+
+
+async def _decide_end(p: RunPass) -> None:
+    """Why the run ends now, if it does: the trainer's own end, a deadline, a start that never came."""
+    p.failure = p.ended if p.ended is not None and p.ended.type == RunCondition.FAILED else None
+    if p.ended is None and not p.spec.suspend:
+        p.failure = await decide_failure(p.context, p.run, p.spec, p.compute, p.record, p.last, p.now)
+    p.newly_ended = p.ended is None and (p.failure is not None or p.driver == "complete")
+
+
+async def _release_compute(p: RunPass) -> None:
+    """Let go of the compute of a run that ended (the end's record, a finished driver pod, stays for
+    its logs) or whose suspension checkpoint is done. A run that ends in this pass keeps it until the
+    next: the end goes into the record and the status first, so an operator killed in between finds
+    the run ended instead of restarting it."""
+    if p.ended is None and not p.delete_now:
+        return
+    context = p.context
+    p.removed = await context.executor.remove(context, p.run, keep_finished=not p.spec.suspend)
+    if p.removed:  # GPUs free up: queued runs look again once the pods are gone
+        for queued in context.queued_runs - {p.key}:
+            context.queue.add_after(queued, RELEASE_SECONDS)
+    if p.ended is not None:
+        p.admission = Condition(
+            RunCondition.ADMITTED, False, "RunFinished", "the run ended and released its GPUs"
+        )
+
+
+async def _admit_and_start(p: RunPass) -> None:
+    """Admission, then the compute, under the admission lock while the run still has to be admitted,
+    so the gang it was checked for exists (as pending pods) before another run is checked. A blocked
+    run creates nothing, but what it already runs is still suspended, timed and ended."""
+    if not p.may_start:
+        return
+    context = p.context
+    async with context.admission_lock if not p.compute.exists else nullcontext():
+        p.admission, p.run = await _admit(context, p.body, p.run, p.spec, p.compute.exists)
+        if p.admission.status:
+            context.admitted[p.key] = p.body["metadata"]["uid"]
+        if p.admission.status or p.run.gang.mechanism:  # a gang scheduler holds the pods itself
+            started, errors = await context.executor.ensure(context, p.run, p.spec)
+            p.created += started
+            p.errors += errors
+
+
+async def _observe_again(p: RunPass) -> None:
+    """What runs after this pass's changes: the status reports it."""
+    p.existed = p.compute.exists
+    p.compute = await p.context.executor.observe(p.context, p.run, p.spec)
+
+
+async def _update_record(p: RunPass) -> None:
+    """The record's end (a run that ends now) and its clocks (timed)."""
+    if p.newly_ended:
+        p.record = replace(p.record, ended=p.failure or _succeeded(p.progress, p.spec))
+    admitted = p.admission is not None and p.admission.status
+    holds = p.ended is None and not p.newly_ended and not p.spec.suspend
+    p.record = timed(
+        p.record,
+        holds=holds and (admitted or (p.admission is None and p.existed)),
+        fresh=not p.existed or bool(p.run.gang.mechanism),
+        since=p.compute.since,
+        running=p.compute.ready and p.compute.driver == "active",
+        now=p.now,
+    )
+    if p.record.started_at is None:
+        p.context.admitted.pop(p.key, None)
+
+
+# A pass's steps, in order; each fills in its part of the RunPass. A refused apply does not stop the
+# list (it is reported, ApplyFailed): what the run already runs is still suspended, timed and ended. An
+# exception (an API call other than apply failing) stops the pass, and the work queue retries it.
+RUN_STEPS: tuple[RunStep, ...] = (
+    _apply_identity,
+    _observe_compute,
+    _decide_suspension,
+    _decide_end,
+    _release_compute,
+    _admit_and_start,
+    _observe_again,
+    _update_record,
+)
+
+
+def run_state(p: RunPass) -> RunState:
+    """What the conditions are decided from, after the steps (pure)."""
+    blocked = p.blocked
+    if blocked is not None and p.compute.exists and p.ended is None:
         blocked = replace(
             blocked,
             message=f"{blocked.message}. The compute already running keeps its GPUs and is still "
             "suspended, timed and ended as usual; nothing new is created until this is fixed",
         )
-    if errors:
+    if p.errors:
         blocked = Condition(
             RunCondition.PROVISIONING, False, "ApplyFailed",
-            f"{'; '.join(errors)[:2000]} (retried with backoff; check the operator's RBAC and quotas)",
+            f"{'; '.join(p.errors)[:2000]} (retried with backoff; check the operator's RBAC and quotas)",
         )  # fmt: skip
-    state = RunState(
-        blocked, suspend, suspend_message, compute.ready, compute.ready_message, driver,
-        compute.driver_message, step, spec.algorithm.steps, compute.starting_reason,
-        admission, failure,
+    compute = p.compute
+    return RunState(
+        blocked, p.suspend, p.suspend_message, compute.ready, compute.ready_message, p.driver,
+        compute.driver_message, p.progress, p.spec.algorithm.steps, compute.starting_reason,
+        p.admission, p.failure,
     )  # fmt: skip
-    if not await _write_record(context, body, ref, annotations, record, problems):
-        return context.queue.error_backoff
-    start = rfc3339(record.started_at) if record.started_at else None
-    if not await _write_status(context, body, ref, state, generation, now, start, created, removed):
-        return context.queue.error_backoff  # never at once: a refused write is refused again
-    if errors:
-        return context.queue.error_backoff
-    if newly_ended:
+
+
+def next_pass(p: RunPass) -> float | None:
+    """Seconds until the run needs another pass, after a pass whose writes went through (pure)."""
+    if p.errors:
+        return p.context.queue.error_backoff
+    if p.newly_ended:
         return 0.0  # now remove the compute
-    if suspend == "checkpointing":
+    if p.suspend == "checkpointing":
         return CHECKPOINT_POLL_SECONDS
-    return None if ended is not None else context.config.sync_period
+    return None if p.ended is not None else p.context.config.sync_period
+
+
+async def _conclude(p: RunPass) -> float | None:
+    """The record (one annotation write when it changed), then one status write from what runs now."""
+    context = p.context
+    if not await _write_record(context, p.body, p.ref, p.annotations, p.record, p.problems):
+        return context.queue.error_backoff
+    start = rfc3339(p.record.started_at) if p.record.started_at else None
+    generation = int(p.body["metadata"].get("generation", 0))
+    state = run_state(p)
+    if not await _write_status(context, p.body, p.ref, state, generation, p.now, start, p.created, p.removed):
+        return context.queue.error_backoff  # never at once: a refused write is refused again
+    return next_pass(p)
 
 
 def timed(
