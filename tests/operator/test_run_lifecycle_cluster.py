@@ -139,7 +139,9 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
         reasons
     )
     assert reasons["OOMKilled"]["type"] == "Warning" and reasons["Queued"]["type"] == "Normal"
-    assert '"phase": "Queued"' in operator.log_text()
+    lines = [json.loads(line) for line in operator.log_text().splitlines() if line.startswith("{")]
+    passes = [line for line in lines if line["logger"] == "cuda_agent.operator.reconcile"]
+    assert any(p["k8s_ref"]["kind"] == "TrainingRun" and p.get("phase") == "Queued" for p in passes)
     text = scrape(port)
     assert metric(text, "cuda_agent_operator_queued_trainingruns") == 0
     assert metric(text, "cuda_agent_operator_workqueue_depth") is not None

@@ -35,6 +35,7 @@ from cuda_agent.telemetry import (
     configure_logging,
     configure_tracing,
     inject_context,
+    log_fields,
     past_span,
     record_step,
     serve_metrics,
@@ -421,6 +422,32 @@ def test_json_logs_carry_trace_context_and_extras(
     assert inside["span_id"] == trace.format_span_id(current.get_span_context().span_id)
     assert (inside["task"], inside["tokens"]) == ("softmax", 131072)
     assert "ValueError: bad tool call" in failed["exception"]
+
+
+def test_fields_are_keys_of_the_json_line_and_key_value_pairs_of_the_text_line(
+    log_stream: io.StringIO,
+) -> None:
+    """log_fields: a step's metrics (or any mapping) as fields; a key a LogRecord already has is renamed
+    instead of making logging raise. The text format keeps the same fields after the message."""
+    log = logging.getLogger("cuda_agent.trainer.driver")
+    metrics = {"stage": "ppo", "step": 3, "reward": 1.25, "clip_fraction": 0.125, "name": "x"}
+    log.info("ppo step 3 done", extra=log_fields(metrics))
+    line = json.loads(log_stream.getvalue())
+    assert line["message"] == "ppo step 3 done"
+    assert (line["stage"], line["step"], line["reward"], line["clip_fraction"]) == ("ppo", 3, 1.25, 0.125)
+    assert line["name_"] == "x" and line["logger"] == "cuda_agent.trainer.driver"
+
+    text = io.StringIO()
+    configure_logging("INFO", "text", text)
+    log.info("ppo step 3 done", extra=log_fields(metrics))
+    expected = "ppo step 3 done stage=ppo step=3 reward=1.25 clip_fraction=0.125 name_=x"
+    assert text.getvalue().rstrip().endswith(f"INFO cuda_agent.trainer.driver: {expected}")
+    # A library's own bookkeeping attributes can be left out of the line (the operator hides Kopf's).
+    hidden = io.StringIO()
+    configure_logging("INFO", "json", hidden, hidden=("settings",))
+    log.info("kopf line", extra={"settings": object(), "k8s_ref": {"name": "r"}})
+    kopf_line = json.loads(hidden.getvalue())
+    assert "settings" not in kopf_line and kopf_line["k8s_ref"] == {"name": "r"}
 
 
 def test_configure_logging_replaces_its_own_handler(log_stream: io.StringIO) -> None:

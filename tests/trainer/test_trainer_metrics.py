@@ -9,6 +9,7 @@ loop's episode families stay at their start values; the trainer's step families 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -99,3 +100,12 @@ def test_a_running_trainer_serves_its_step_metrics(
         trainer.kill()
         trainer.wait(timeout=60)
         log.close()
+    # The step's log line carries its metrics as JSON fields, not as text in the message.
+    output = (tmp_path / "trainer.log").read_text().splitlines()
+    lines = [json.loads(line) for line in output if line[:1] == "{"]
+    steps = [line for line in lines if line.get("logger") == "cuda_agent.trainer.driver" and "step" in line]
+    assert steps, "no step line in the trainer's log"
+    first = steps[0]
+    assert first["message"] == "ppo step 1 done" and (first["stage"], first["step"]) == ("ppo", 1)
+    for name in ("reward", "pass_rate", "clip_fraction", "approx_kl", "rollout_s"):
+        assert isinstance(first[name], float) and math.isfinite(first[name]), (name, first)

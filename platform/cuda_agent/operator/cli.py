@@ -12,6 +12,7 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from pydantic import ValidationError
 
@@ -21,6 +22,9 @@ from cuda_agent.operator.config import LeaderElectionConfig, OperatorConfig
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# What Kopf's object loggers attach to every record for their own use (its JSON formatter leaves them
+# out too); `k8s_ref`, the object a line is about, stays a field.
+KOPF_RECORD_ATTRIBUTES = ("settings", "k8s_skip")
 
 
 def _pairs(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -170,12 +174,7 @@ def parse_args(argv: Sequence[str]) -> OperatorConfig:
             values[option] = tuple(shlex.split(getattr(args, option)))
     if args.leader_elect:
         values["leader_election"] = _leader_election(parser, args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not args.verbose:  # Kopf logs every handler call on every watch event at INFO
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    values["verbose"] = args.verbose
     try:
         return OperatorConfig.model_validate(values)
     except ValidationError as error:
@@ -231,8 +230,27 @@ async def run_operator(config: OperatorConfig, stop: asyncio.Event | None = None
     )
 
 
+def configure_operator_logging(verbose: bool, stream: TextIO | None = None) -> None:
+    """JSON lines on stderr through the same formatter as the trainer and the sandbox server (fields as
+    keys, the current trace's ids); CUDA_AGENT_LOG_FORMAT=text for plain lines. --verbose is DEBUG,
+    else CUDA_AGENT_LOG_LEVEL (INFO). A bad variable raises ValueError naming it."""
+    from cuda_agent.telemetry.config import TelemetryConfig
+    from cuda_agent.telemetry.logs import configure_logging
+
+    telemetry = TelemetryConfig.from_env(service_name="cuda-agent-operator")
+    level = "DEBUG" if verbose else telemetry.log_level
+    configure_logging(level, telemetry.log_format, stream, hidden=KOPF_RECORD_ATTRIBUTES)
+    if not verbose:  # Kopf logs every handler call on every watch event at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+
+
 def main(argv: Sequence[str]) -> int:
     config = parse_args(argv)
+    try:
+        configure_operator_logging(config.verbose)
+    except ValueError as error:
+        print(f"cuda-agent operator: {error}", file=sys.stderr)
+        return 2
     if config.kubeconfig is not None and not config.kubeconfig.exists():
         print(f"cuda-agent operator: --kubeconfig {config.kubeconfig}: no such file", file=sys.stderr)
         return 2

@@ -53,6 +53,7 @@ class OperatorConfig(BaseModel):
         default=None, description="Kubeconfig file; default $KUBECONFIG, ~/.kube/config or in-cluster."
     )
     workers: int = Field(default=4, ge=1, le=64, description="Objects reconciled concurrently.")
+    verbose: bool = Field(default=False, description="DEBUG logs, Kopf's per-handler lines included.")
     settle_seconds: Seconds = Field(
         default=0.05, description="Wait after the first change before a pass, so event bursts coalesce."
     )

@@ -6,7 +6,6 @@ is told once (a pass that changes nothing posts nothing), and they go through ku
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from typing import Any
 
 from cuda_agent.operator.context import OperatorContext
 from cuda_agent.operator.kube import KubeError, Manifest
+from cuda_agent.telemetry.logs import log_fields
 
 log = logging.getLogger("cuda_agent.operator.reconcile")
 
@@ -73,8 +73,10 @@ async def post(context: OperatorContext, involved: Manifest, events: Sequence[Ev
 
 
 def log_pass(kind: str, namespace: str, name: str, **changes: Any) -> None:
-    """One structured (JSON) line for a pass that changed something; quiet passes log nothing."""
+    """One log line for a pass that changed something, its changes as fields of the line (JSON keys)
+    and the object as `k8s_ref`, the field Kopf's own lines name their object with; quiet passes log
+    nothing."""
     changed = {key: value for key, value in changes.items() if value}
     if changed:
-        record = {"kind": kind, "namespace": namespace, "name": name, **changed}
-        log.info("reconciled %s", json.dumps(record, sort_keys=True, default=str))
+        ref = {"kind": kind, "namespace": namespace, "name": name}
+        log.info("reconciled %s %s/%s", kind, namespace, name, extra=log_fields({"k8s_ref": ref, **changed}))

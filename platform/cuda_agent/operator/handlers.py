@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import os
 import time
@@ -178,7 +177,7 @@ async def stop_workers(memo: kopf.Memo, **_: Any) -> None:
     if "metrics_server" in memo:
         memo.metrics_server.shutdown()
     if "context" in memo:
-        log.info("API writes by this operator: %s", json.dumps(dict(memo.context.kube.writes)))
+        log.info("API writes by this operator", extra={"api_writes": dict(memo.context.kube.writes)})
         await memo.context.executor.close()
         await memo.context.kube.close()
 

@@ -21,6 +21,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.telemetry.config import TelemetryConfig
+from cuda_agent.telemetry.logs import configure_logging
+
 log = logging.getLogger(__name__)
 POLICY_PREFIX = "cuda-agent-tenant-"
 OBJECT_ACTIONS = [
@@ -105,7 +108,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--tenants", type=Path, required=True, help='JSON {"ns": {"accessKey", "secretKey"}}')
     parser.add_argument("--wait", type=float, default=300.0, help="seconds to wait for MinIO to answer")
     args = parser.parse_args(list(argv))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # JSON lines like every other process of the platform (CUDA_AGENT_LOG_FORMAT=text for plain ones).
+    telemetry = TelemetryConfig.from_env(service_name="cuda-agent-storage-tenants")
+    configure_logging(telemetry.log_level, telemetry.log_format)
     root_user, root_password = os.environ.get("MINIO_ROOT_USER"), os.environ.get("MINIO_ROOT_PASSWORD")
     if not root_user or not root_password:
         parser.error("MINIO_ROOT_USER and MINIO_ROOT_PASSWORD must be set")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from opentelemetry.sdk.trace import TracerProvider
 
 from cuda_agent.telemetry.config import TelemetryConfig
-from cuda_agent.telemetry.logs import JsonLogFormatter, configure_logging
+from cuda_agent.telemetry.logs import JsonLogFormatter, TextLogFormatter, configure_logging, log_fields
 from cuda_agent.telemetry.metrics import record_episode, record_step, serve_metrics
 from cuda_agent.telemetry.tracing import (
     ATTRIBUTE_PREFIX,
@@ -37,6 +37,7 @@ __all__ = [
     "JsonLogFormatter",
     "Stage",
     "TelemetryConfig",
+    "TextLogFormatter",
     "attached",
     "build_exporter",
     "configure_logging",
@@ -46,6 +47,7 @@ __all__ = [
     "inject_context",
     "link_to",
     "linked_root_span",
+    "log_fields",
     "past_span",
     "record_episode",
     "record_step",

@@ -25,6 +25,7 @@ from cuda_agent.api.trainingrun import TrainingMetrics, TrainingRun, TrainingRun
 from cuda_agent.runstatus import StatusWriter
 from cuda_agent.storage import join_uri, open_store
 from cuda_agent.telemetry import Stage, link_to, record_step, span
+from cuda_agent.telemetry.logs import log_fields
 from cuda_agent.telemetry.tracing import span_attributes
 from cuda_agent.trainer.checkpoint import CheckpointStore, TrainerState, load_checkpoint
 from cuda_agent.trainer.data import TaskOrder
@@ -349,11 +350,12 @@ class Trainer:
             generated_tokens=sum(sum(t.loss_mask) for t in trajectories),
             rollout_gpus=self.spec.resources.rollout_gpus or self.spec.resources.trainer_gpus,
         )
+        # The metrics are fields of the line (JSON keys a log backend can query), not text in the message.
         log.info(
-            "%s step %d: %s",
+            "%s step %d done",
             stage,
             self.state.stage_step,
-            ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())),
+            extra=log_fields({"stage": stage, "step": self.state.stage_step, **metrics}),
         )
         every = self.spec.checkpoint.every_steps
         if self.state.stage_step % every == 0:
