@@ -597,7 +597,7 @@ def test_operator_image_reconciles_a_sandbox_pool_on_the_real_apiserver(
         status = wait_for(ready, "the SandboxPool's pod to be ready")
         assert any(c["type"] == "Ready" and c["status"] == "True" for c in status["conditions"])
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as response:
-            assert "cuda_agent_operator_reconciles_total" in response.read().decode()
+            assert 'controller_runtime_reconcile_total{controller="sandboxpool"' in response.read().decode()
     except AssertionError as failure:
         raise AssertionError(f"{failure}\noperator log:\n{log_path.read_text()[-4000:]}") from failure
     finally:

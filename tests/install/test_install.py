@@ -321,7 +321,7 @@ def _run_operator_and_reconcile(
         metrics = (
             urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
         )
-        assert "cuda_agent_operator_reconciles_total" in metrics
+        assert 'controller_runtime_reconcile_total{controller="trainingrun"' in metrics
     except AssertionError as failure:
         run_status = (get("trainingrun", "run") or {}).get("status")
         raise AssertionError(

@@ -165,7 +165,7 @@ def pool_manifest(name: str, replicas: int, **spec: Any) -> dict[str, Any]:
     }
 
 
-def metric(text: str, name: str, **labels: str) -> float | None:
+def metric(text: str, name: str, /, **labels: str) -> float | None:
     wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
     prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
     line = next((line for line in text.splitlines() if line.startswith(prefix)), None)
@@ -183,4 +183,10 @@ def metric_value(port: int, kind: str) -> float:
         text = scrape(port)
     except OSError:
         return 0.0
-    return metric(text, "cuda_agent_operator_reconciles_total", kind=kind, result="ok") or 0.0
+    # controller-runtime's names: the controller is the lowercase kind; a pass that returned is a
+    # `success`, or a `requeue_after` when it asked to be run again later.
+    controller = kind.lower()
+    return sum(
+        metric(text, "controller_runtime_reconcile_total", controller=controller, result=result) or 0.0
+        for result in ("success", "requeue_after")
+    )

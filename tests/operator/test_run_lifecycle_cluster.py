@@ -144,7 +144,8 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
     assert any(p["k8s_ref"]["kind"] == "TrainingRun" and p.get("phase") == "Queued" for p in passes)
     text = scrape(port)
     assert metric(text, "cuda_agent_operator_queued_trainingruns") == 0
-    assert metric(text, "cuda_agent_operator_workqueue_depth") is not None
+    assert metric(text, "workqueue_depth", name="trainingrun") is not None
+    assert metric(text, "controller_runtime_max_concurrent_reconciles", controller="trainingrun") == 4
     # Its own families only: the trainer's (default registry of any process importing cuda_agent.telemetry)
     # are served by the trainer, never here as zeros.
     assert "cuda_agent_trainer_" not in text and "cuda_agent_episode" not in text

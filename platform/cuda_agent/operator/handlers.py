@@ -25,7 +25,17 @@ from cuda_agent.operator.events import Event, post
 from cuda_agent.operator.executor import ClusterExecutor
 from cuda_agent.operator.kube import Kube, Manifest
 from cuda_agent.operator.local_executor import LocalExecutor
-from cuda_agent.operator.metrics import QUEUE_DEPTH, QUEUED_RUNS, RECONCILE_SECONDS, RECONCILES, REGISTRY
+from cuda_agent.operator.metrics import (
+    ERROR,
+    QUEUED_RUNS,
+    RECONCILE_ERRORS,
+    RECONCILE_SECONDS,
+    RECONCILES,
+    REGISTRY,
+    controller_name,
+    reconcile_result,
+    watch_queue,
+)
 from cuda_agent.operator.pool_reconciler import reconcile_pool
 from cuda_agent.operator.run_reconciler import reconcile_run
 from cuda_agent.operator.views import ChildView, PodView
@@ -162,7 +172,7 @@ async def start_workers(memo: kopf.Memo, **kwargs: Any) -> None:
         asyncio.create_task(memo.queue.work(_dispatcher(memo.context)), name=f"reconcile-worker-{i}")
         for i in range(config.workers)
     ]
-    QUEUE_DEPTH.set_function(lambda: memo.queue.depth)
+    watch_queue(OWNERS, config.workers, memo.queue.depth_of, memo.queue.active_of)
     QUEUED_RUNS.set_function(lambda: len(memo.context.queued_runs))
     if config.metrics_port:
         memo.metrics_server = serve_metrics(config.metrics_port, registry=REGISTRY)
@@ -194,6 +204,7 @@ def _dispatcher(context: OperatorContext) -> Callable[[Key], Any]:
 
     async def reconcile(key: Key) -> float | None:
         kind, namespace, name = key
+        controller = controller_name(kind)
         started = time.perf_counter()
         try:
             with span(Stage.RECONCILE, resource=kind, namespace=namespace, name=name):
@@ -202,7 +213,8 @@ def _dispatcher(context: OperatorContext) -> Callable[[Key], Any]:
                 else:
                     requeue = await reconcile_run(context, namespace, name)
         except Exception as error:
-            RECONCILES.labels(kind, "error").inc()
+            RECONCILES.labels(controller, ERROR).inc()
+            RECONCILE_ERRORS.labels(controller).inc()
             body = context.owner(key)
             if body is not None:
                 retry = context.queue.retry_delay(key)  # what the queue will wait after this raise
@@ -210,8 +222,8 @@ def _dispatcher(context: OperatorContext) -> Callable[[Key], Any]:
                 await post(context, body, [Event(True, "ReconcileError", message)])
             raise
         finally:
-            RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - started)
-        RECONCILES.labels(kind, "ok").inc()
+            RECONCILE_SECONDS.labels(controller).observe(time.perf_counter() - started)
+        RECONCILES.labels(controller, reconcile_result(requeue)).inc()
         return requeue
 
     return reconcile

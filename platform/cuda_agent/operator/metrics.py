@@ -1,8 +1,13 @@
 """The operator's own Prometheus metrics, served on `--metrics-port` (0: off) at /metrics.
 
-Reconcile passes by kind and outcome, their durations, the work queue's depth and the TrainingRuns held
-in phase Queued (waiting for their whole gang of GPUs): what tells a platform team whether the operator
-keeps up and whether runs are waiting for capacity.
+Reconcile passes, their durations and the work queue carry the names controller-runtime exports
+(`controller_runtime_reconcile_total{controller,result}`, `controller_runtime_reconcile_errors_total`,
+`controller_runtime_reconcile_time_seconds`, `controller_runtime_active_workers`,
+`controller_runtime_max_concurrent_reconciles`, `workqueue_depth{name}`), so the dashboards and alerts
+written for Go operators (kube-prometheus, the Operator SDK's) read this one unchanged. A controller is
+a kind, named as controller-runtime names it by default: the lowercase kind (`trainingrun`,
+`sandboxpool`); the work queue's `name` label is the controller's. Besides them, the TrainingRuns held
+in phase Queued (waiting for their whole gang of GPUs): whether runs are waiting for capacity.
 
 They live in a registry of their own (with the process's own collectors), not prometheus_client's default
 one: the operator imports cuda_agent.telemetry, whose trainer and agent-loop families register in the
@@ -11,6 +16,9 @@ default registry, and those must not appear here as constant zeros. Each process
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -26,24 +34,79 @@ REGISTRY = CollectorRegistry()
 for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
     REGISTRY.register(_collector)
 
+# controller-runtime's reconcile results: a pass that returned nothing, one that asked to be run again
+# after a delay (RequeueAfter), one that raised.
+SUCCESS, REQUEUE_AFTER, ERROR = "success", "requeue_after", "error"
+# controller-runtime's reconcile_time_seconds buckets (pkg/internal/controller/metrics).
+RECONCILE_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    *(1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0),
+    *(30.0, 40.0, 50.0, 60.0),
+)
+
 RECONCILES = Counter(
-    "cuda_agent_operator_reconciles",
-    "Reconcile passes, by kind (SandboxPool, TrainingRun) and result (ok, error).",
-    ["kind", "result"],
+    "controller_runtime_reconcile",
+    "Total number of reconciliations per controller (result: success, requeue_after, error).",
+    ["controller", "result"],
+    registry=REGISTRY,
+)
+RECONCILE_ERRORS = Counter(
+    "controller_runtime_reconcile_errors",
+    "Total number of reconciliation errors per controller.",
+    ["controller"],
     registry=REGISTRY,
 )
 RECONCILE_SECONDS = Histogram(
-    "cuda_agent_operator_reconcile_duration_seconds",
-    "Wall time of one reconcile pass.",
-    ["kind"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    "controller_runtime_reconcile_time_seconds",
+    "Length of time per reconciliation per controller.",
+    ["controller"],
+    buckets=RECONCILE_BUCKETS,
+    registry=REGISTRY,
+)
+ACTIVE_WORKERS = Gauge(
+    "controller_runtime_active_workers",
+    "Number of currently used workers per controller.",
+    ["controller"],
+    registry=REGISTRY,
+)
+MAX_CONCURRENT_RECONCILES = Gauge(
+    "controller_runtime_max_concurrent_reconciles",
+    "Maximum number of concurrent reconciles per controller (the workers are shared by both kinds).",
+    ["controller"],
     registry=REGISTRY,
 )
 QUEUE_DEPTH = Gauge(
-    "cuda_agent_operator_workqueue_depth", "Objects marked dirty, waiting for a pass.", registry=REGISTRY
+    "workqueue_depth",
+    "Current depth of workqueue: objects marked dirty, waiting for a pass.",
+    ["name"],
+    registry=REGISTRY,
 )
 QUEUED_RUNS = Gauge(
     "cuda_agent_operator_queued_trainingruns",
     "TrainingRuns in phase Queued (their GPU gang does not fit).",
     registry=REGISTRY,
 )
+
+
+def controller_name(kind: str) -> str:
+    """controller-runtime's default controller name for a kind: the kind in lower case."""
+    return kind.lower()
+
+
+def reconcile_result(requeue: float | None) -> str:
+    return SUCCESS if requeue is None else REQUEUE_AFTER
+
+
+def watch_queue(
+    kinds: Iterable[str],
+    workers: int,
+    depth: Callable[[str], int],
+    active: Callable[[str], int],
+) -> None:
+    """Read the work queue at scrape time, per controller: its depth, the workers in a pass over the
+    kind, and the most workers it may use (the operator's shared `--workers`)."""
+    for kind in kinds:
+        name = controller_name(kind)
+        QUEUE_DEPTH.labels(name).set_function(partial(depth, kind))
+        ACTIVE_WORKERS.labels(name).set_function(partial(active, kind))
+        MAX_CONCURRENT_RECONCILES.labels(name).set(workers)

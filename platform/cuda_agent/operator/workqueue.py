@@ -46,6 +46,14 @@ class WorkQueue:
         """Objects marked dirty and not yet taken by a worker."""
         return len(self._dirty)
 
+    def depth_of(self, kind: str) -> int:
+        """Objects of `kind` marked dirty and not yet taken (a controller's queue depth)."""
+        return sum(1 for key in self._dirty if key[0] == kind)
+
+    def active_of(self, kind: str) -> int:
+        """Workers in a pass over an object of `kind` now."""
+        return sum(1 for key in self._active if key[0] == kind)
+
     def open(self) -> None:
         """Let workers start. Until then keys only collect: a pass must not run on half-filled
         watch indexes (a StatefulSet missing from them would look like one to create from scratch)."""
