@@ -431,7 +431,7 @@ def test_concurrent_gpu_judging_never_overlaps_and_reports_lock_wait() -> None:
         assert status.gpus[0].lock_queue == 0 and not status.gpus[0].lock_held
         assert status.gpus[0].busy_fraction > 0 and status.gpus[0].lock_wait_total_s > 0
         metrics = running.client.request("GET", "/metrics")[1].decode()
-        assert 'cuda_agent_sandbox_gpu_busy_fraction{gpu="0"}' in metrics
+        assert 'cuda_agent_sandbox_gpu_busy_ratio{gpu="0"}' in metrics
         assert "cuda_agent_sandbox_gpu_lock_wait_seconds_count 3" in metrics
     finally:
         cleanup(running)

@@ -205,7 +205,7 @@ class SandboxServer:
             lambda: [({}, self._scrape().queued_judge_jobs)],
         )
         m.gauge(
-            "gpu_busy_fraction",
+            "gpu_busy_ratio",
             "share of the last minute the GPU lock was held",
             lambda: [({"gpu": str(g.index)}, g.busy_fraction) for g in self._scrape().gpus],
         )
