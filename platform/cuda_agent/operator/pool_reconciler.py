@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,13 +32,15 @@ from cuda_agent.operator.events import changed_fields, condition_events, log_pas
 from cuda_agent.operator.kube import KubeError, Manifest, Ref
 from cuda_agent.operator.pool_children import (
     PoolIdentity,
+    TraceExport,
     headless_service,
     judge_configmap,
     network_policy,
     statefulset,
     trace_export,
 )
-from cuda_agent.operator.views import PodView
+from cuda_agent.operator.views import ChildView, PodView
+from cuda_agent.operator.workqueue import Key
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_SECONDS = 2.0
@@ -310,48 +312,102 @@ async def _mark_drain(context: OperatorContext, namespace: str, plan: DrainPlan,
         )
 
 
+@dataclass
+class PoolPass:
+    """One reconcile pass of a pool: what it read at its start, then each step's part, in step order (a
+    step reads only what the steps before it filled in)."""
+
+    context: OperatorContext
+    body: Manifest
+    pool: PoolIdentity
+    spec: SandboxPoolSpec
+    now: datetime
+    children: Mapping[tuple[str, str], ChildView]
+    desired: int  # spec.replicas, or the autoscaler's new value (_autoscale_replicas)
+    problems: list[Condition] = field(default_factory=list)  # Degraded reasons, most severe first
+    warnings: list[Condition] = field(default_factory=list)  # ones that matter less than unschedulable pods
+    errors: list[str] = field(default_factory=list)  # refused applies, as text
+    # _apply_front
+    export: TraceExport | None = None
+    # _observe_pods
+    pods: list[PodView] = field(default_factory=list)
+    sts: ChildView | None = None  # the StatefulSet as the watch shows it
+    current: int = 0  # the StatefulSet's replicas before this pass
+    loads: list[PodLoad] | None = None  # read only when autoscaled or shrinking
+    # _drain
+    plan: DrainPlan = field(init=False, repr=False)
+    # _find_refused_pods
+    missing: bool = False  # the StatefulSet has fewer pods than it should
+
+    @property
+    def ref(self) -> Ref:
+        return Ref(lb.POOL_KIND, self.pool.namespace, self.pool.name)
+
+    @property
+    def key(self) -> Key:
+        return (lb.POOL_KIND, self.pool.namespace, self.pool.name)
+
+
+PoolStep = Callable[[PoolPass], Awaitable[None]]
+
+
 async def reconcile_pool(context: OperatorContext, namespace: str, name: str) -> float | None:
-    """Converge one SandboxPool; returns seconds until the next pass is needed (None: on events only)."""
+    """Converge one SandboxPool; returns seconds until the next pass is needed (None: on events only).
+    The steps of POOL_STEPS run in order; then one status write."""
     key = (lb.POOL_KIND, namespace, name)
     body = context.owner(key)
     if body is None:
         context.forget(key)  # deleted: owner references remove the children
         return None
-    ref = Ref(lb.POOL_KIND, namespace, name)
-    pool = PoolIdentity(name=name, namespace=namespace, uid=body["metadata"]["uid"])
-    generation = int(body["metadata"].get("generation", 0))
-    now = datetime.now(UTC)
     try:
         spec = SandboxPoolSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
-        invalid = Condition(
-            PoolCondition.DEGRADED, True, "InvalidSpec", str(error).replace("\n", "; ")[:2000]
-        )
-        conditions = merge_conditions(
-            body.get("status", {}).get("conditions"), [invalid], generation=generation, now=now
-        )
-        status = SandboxPoolStatus(observed_generation=generation).model_dump(
-            by_alias=True, exclude_none=True, mode="json", exclude={"conditions"}
-        )
-        await _write_status(context, body, {**status, "conditions": conditions}, ref)
+        await _write_invalid_spec(context, body, Ref(lb.POOL_KIND, namespace, name), error)
         return None
-    problems: list[Condition] = []
-    warnings: list[Condition] = []
+    p = PoolPass(
+        context=context,
+        body=body,
+        pool=PoolIdentity(name=name, namespace=namespace, uid=body["metadata"]["uid"]),
+        spec=spec,
+        now=datetime.now(UTC),
+        children=context.children_of(key),
+        desired=spec.replicas,
+    )
+    for step in POOL_STEPS:
+        await step(p)
+    return await _conclude(p)
 
-    # 1. The judge files, the Service and the NetworkPolicy.
-    children = context.children_of(key)
-    files = judge_files()
-    configmap = desired_judge_configmap(pool, spec.model_dump_json(by_alias=True))
-    if not files:
-        warnings.append(
+
+async def _write_invalid_spec(
+    context: OperatorContext, body: Manifest, ref: Ref, error: ValidationError
+) -> None:
+    """A spec this operator's models refuse: only Degraded (InvalidSpec) and the generation are written;
+    the children stay as they are until the spec is fixed."""
+    generation = int(body["metadata"].get("generation", 0))
+    invalid = Condition(PoolCondition.DEGRADED, True, "InvalidSpec", str(error).replace("\n", "; ")[:2000])
+    conditions = merge_conditions(
+        body.get("status", {}).get("conditions"), [invalid], generation=generation, now=datetime.now(UTC)
+    )
+    status = SandboxPoolStatus(observed_generation=generation).model_dump(
+        by_alias=True, exclude_none=True, mode="json", exclude={"conditions"}
+    )
+    await _write_status(context, body, {**status, "conditions": conditions}, ref)
+
+
+async def _apply_front(p: PoolPass) -> None:
+    """The judge files (ConfigMap), the headless Service and the NetworkPolicy, and what keeps them
+    from being what the pool asks for."""
+    config = p.context.config
+    configmap = desired_judge_configmap(p.pool, p.spec.model_dump_json(by_alias=True))
+    if not judge_files():
+        p.warnings.append(
             Condition(
                 PoolCondition.DEGRADED, True, "JudgeFilesMissing", "no judge files in this operator install"
             )
         )
-    config = context.config
-    export = trace_export(spec, config.otel_endpoint, config.otel_collector_labels)
-    if spec.telemetry.export_traces and export is None:
-        warnings.append(
+    p.export = trace_export(p.spec, config.otel_endpoint, config.otel_collector_labels)
+    if p.spec.telemetry.export_traces and p.export is None:
+        p.warnings.append(
             Condition(
                 PoolCondition.DEGRADED,
                 True,
@@ -362,63 +418,101 @@ async def reconcile_pool(context: OperatorContext, namespace: str, name: str) ->
             )
         )
     if sum(len(v) for v in configmap["data"].values()) > CONFIGMAP_LIMIT:  # the apiserver's limit
-        problems.append(
+        p.problems.append(
             Condition(
                 PoolCondition.DEGRADED, True, "JudgeFilesTooLarge", "judge files exceed a ConfigMap's 1 MB"
             )
         )
-    _, errors = await apply_changed(
-        context,
-        [configmap, headless_service(pool), network_policy(pool, export, config.metrics_scraper_labels)],
-        children,
-    )
+    front = [
+        configmap,
+        headless_service(p.pool),
+        network_policy(p.pool, p.export, config.metrics_scraper_labels),
+    ]
+    _, p.errors = await apply_changed(p.context, front, p.children)
 
-    # 2. Observe the pods (from the watch index) and, when it matters, their load.
-    pods = context.pods_of(key)
-    sts = children.get(("StatefulSet", name))
-    current = int(sts.spec.get("replicas", 0)) if sts is not None else 0
-    shrinking = current > spec.replicas
-    loads: list[PodLoad] | None = None
-    if spec.autoscaling is not None or shrinking:
-        running = [p for p in pods if p.phase == "Running" and not p.terminating]
-        loads = await probe_pods(namespace, running, SANDBOX_PORT, context.probe)
 
-    # 3. Autoscale from demand: a new spec.replicas through /scale, and an Event.
-    desired = spec.replicas
-    if spec.autoscaling is not None and loads is not None:
-        decision = await _autoscale(context, body, spec, loads, key)
-        desired = decision.replicas if decision is not None else desired
+async def _observe_pods(p: PoolPass) -> None:
+    """The pods (from the watch index), the StatefulSet's size and, when it matters (autoscaling or a
+    scale-down), the running pods' load."""
+    p.pods = p.context.pods_of(p.key)
+    p.sts = p.children.get(("StatefulSet", p.pool.name))
+    p.current = int(p.sts.spec.get("replicas", 0)) if p.sts is not None else 0
+    if p.spec.autoscaling is not None or p.current > p.spec.replicas:
+        running = [pod for pod in p.pods if pod.phase == "Running" and not pod.terminating]
+        p.loads = await probe_pods(p.pool.namespace, running, SANDBOX_PORT, p.context.probe)
 
-    # 4. Drain the pods a scale-down removes, then size the StatefulSet.
-    by_name = {load.pod: load for load in loads or ()}
-    plan = plan_drain(desired, current, pods, by_name, now, context.config.drain_grace_period)
-    await _mark_drain(context, namespace, plan, now)
-    manifest = statefulset(pool, spec, plan.statefulset_replicas, sorted(files), judge_files_hash(), export)
-    resized, sts_errors = await apply_changed(context, [manifest], children)
-    errors += sts_errors
-    if resized and sts is not None and plan.statefulset_replicas != current:
-        message = (
-            f"StatefulSet {current} -> {plan.statefulset_replicas} sandbox pods (spec.replicas {desired})"
-        )
-        await context.kube.post_event(body, warning=False, reason="Scaled", message=message)
-    if errors:
-        problems.append(Condition(PoolCondition.DEGRADED, True, "ApplyFailed", "; ".join(errors)[:2000]))
-    live = [p for p in pods if not p.terminating]
-    missing = sts is not None and len(live) < min(current, plan.statefulset_replicas)
-    refused = await _refused_pods(context, namespace, name, now) if missing else None
-    problems += [refused] if refused is not None else []
 
-    # 5. One status write.
-    observed = PoolObservation(
-        generation, desired, plan.statefulset_replicas, pods, loads, plan, problems, warnings
-    )
-    held = await _write_status(context, body, pool_status(pool, observed, body.get("status") or {}, now), ref)
+async def _autoscale_replicas(p: PoolPass) -> None:
+    """From demand, a new spec.replicas through /scale, and an Event."""
+    if p.spec.autoscaling is not None and p.loads is not None:
+        decision = await _autoscale(p.context, p.body, p.spec, p.loads, p.key)
+        p.desired = decision.replicas if decision is not None else p.desired
+
+
+async def _drain(p: PoolPass) -> None:
+    """Mark the pods a scale-down removes (and unmark those of a cancelled one); the StatefulSet shrinks
+    only past pods whose sessions are done."""
+    by_name = {load.pod: load for load in p.loads or ()}
+    grace = p.context.config.drain_grace_period
+    p.plan = plan_drain(p.desired, p.current, p.pods, by_name, p.now, grace)
+    await _mark_drain(p.context, p.pool.namespace, p.plan, p.now)
+
+
+async def _size_statefulset(p: PoolPass) -> None:
+    """The StatefulSet at the drain plan's size (an Event when it changed); refused applies become
+    Degraded (ApplyFailed)."""
+    replicas = p.plan.statefulset_replicas
+    manifest = statefulset(p.pool, p.spec, replicas, sorted(judge_files()), judge_files_hash(), p.export)
+    resized, errors = await apply_changed(p.context, [manifest], p.children)
+    p.errors += errors
+    if resized and p.sts is not None and replicas != p.current:
+        message = f"StatefulSet {p.current} -> {replicas} sandbox pods (spec.replicas {p.desired})"
+        await p.context.kube.post_event(p.body, warning=False, reason="Scaled", message=message)
+    if p.errors:
+        p.problems.append(Condition(PoolCondition.DEGRADED, True, "ApplyFailed", "; ".join(p.errors)[:2000]))
+
+
+async def _find_refused_pods(p: PoolPass) -> None:
+    """Why pods the StatefulSet should have are missing, when they are."""
+    live = [pod for pod in p.pods if not pod.terminating]
+    p.missing = p.sts is not None and len(live) < min(p.current, p.plan.statefulset_replicas)
+    if p.missing:
+        refused = await _refused_pods(p.context, p.pool.namespace, p.pool.name, p.now)
+        p.problems += [refused] if refused is not None else []
+
+
+# A pass's steps, in order; each fills in its part of the PoolPass. A refused apply does not stop the
+# list (it is reported, ApplyFailed); an exception (another API call failing) stops the pass, and the
+# work queue retries it.
+POOL_STEPS: tuple[PoolStep, ...] = (
+    _apply_front,
+    _observe_pods,
+    _autoscale_replicas,
+    _drain,
+    _size_statefulset,
+    _find_refused_pods,
+)
+
+
+def next_pass(p: PoolPass, held: float | None) -> float | None:
+    """Seconds until the pool needs another pass (pure); `held`: a status write the rate limit held
+    back."""
     waits = [held] if held is not None else []
-    if errors:
-        waits.append(context.queue.error_backoff)
-    if plan.draining:
+    if p.errors:
+        waits.append(p.context.queue.error_backoff)
+    if p.plan.draining:
         waits.append(DRAIN_POLL_SECONDS)
-    if spec.autoscaling is not None or missing:
+    if p.spec.autoscaling is not None or p.missing:
         # Pods that cannot be created change nothing the watches see: look again for the reason.
-        waits.append(context.config.sync_period)
+        waits.append(p.context.config.sync_period)
     return min(waits) if waits else None
+
+
+async def _conclude(p: PoolPass) -> float | None:
+    """One status write, from what the steps observed and did."""
+    generation = int(p.body["metadata"].get("generation", 0))
+    observed = PoolObservation(
+        generation, p.desired, p.plan.statefulset_replicas, p.pods, p.loads, p.plan, p.problems, p.warnings
+    )
+    status = pool_status(p.pool, observed, p.body.get("status") or {}, p.now)
+    return next_pass(p, await _write_status(p.context, p.body, status, p.ref))
