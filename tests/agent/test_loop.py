@@ -336,7 +336,13 @@ def test_each_episode_is_a_trace_of_its_own_linked_to_the_step(
         assert trajectory.span_id == trace.format_span_id(episode.context.span_id)
         inside = [s for s in finished if s.context.trace_id == episode.context.trace_id]
         assert {s.name for s in inside} >= {"episode", "turn", "generate", "tool_call", "judge"}
-        assert all(s.attributes.get("cuda_agent.episode_id") == trajectory.episode_id for s in inside)
+        # The sandbox requests are the aiohttp instrumentation's CLIENT spans, with url.* / http.*.
+        requests = [s for s in inside if s.kind == trace.SpanKind.CLIENT]
+        assert requests
+        assert all(str(s.attributes["url.full"]).startswith(sandbox_server.url) for s in requests)
+        assert all(s.attributes["http.response.status_code"] < 400 for s in requests)
+        ours = [s for s in inside if s.kind != trace.SpanKind.CLIENT]
+        assert all(s.attributes.get("cuda_agent.episode_id") == trajectory.episode_id for s in ours)
     # The step's side: a Link to each episode's root span and every episode's trace id.
     assert {(link.context.trace_id, link.context.span_id) for link in step.links} == {
         (s.context.trace_id, s.context.span_id) for s in episodes.values()

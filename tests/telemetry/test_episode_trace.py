@@ -43,6 +43,7 @@ TASK = TaskRef(
     name="relu_mul_add",
 )
 SERVER_SPAN = ProtoSpan.SpanKind.SPAN_KIND_SERVER
+CLIENT_SPAN = ProtoSpan.SpanKind.SPAN_KIND_CLIENT
 TOKENIZER_CACHE = Path.home() / ".cache" / "cuda-agent" / "tokenizers"
 
 
@@ -181,21 +182,31 @@ def test_one_trace_per_episode_from_the_trainer_into_the_judge_linked_to_its_ste
     generates = [s for s in spans if s.name == Stage.GENERATE]
     assert sorted(parent(g).span_id for g in generates) == sorted(t.span_id for t in turns)
 
-    # turn 0: the Bash tool call -> the server's request span -> the judge run `verify` started over
-    # the session's judge channel -> the judge's phases.
+    def through_client(caller: ReceivedSpan, route: str) -> ReceivedSpan:
+        """The server's request span under `caller`, through the CLIENT span of OpenTelemetry's aiohttp
+        instrumentation, whose attributes follow the stable HTTP semantic conventions."""
+        (client,) = [s for s in spans if s.parent_id == caller.span_id and s.kind == CLIENT_SPAN]
+        (request,) = [s for s in spans if s.parent_id == client.span_id]
+        assert request.kind == SERVER_SPAN and request.name == f"POST {route}"
+        session = str(request.attributes["cuda_agent.session_id"])
+        assert client.name == "POST" and client.attributes["http.request.method"] == "POST"
+        assert str(client.attributes["url.full"]).endswith(route.replace("{session_id}", session))
+        assert client.attributes["http.response.status_code"] == 200
+        assert client.attributes["server.address"] == "127.0.0.1"
+        assert client.resource["service.name"] == "cuda-agent-trainer"
+        return request
+
+    # turn 0: the Bash tool call -> its HTTP request -> the server's request span -> the judge run
+    # `verify` started over the session's judge channel -> the judge's phases.
     tool_call = _one(spans, Stage.TOOL_CALL)
     assert parent(tool_call) in turns and tool_call.attributes["cuda_agent.tool"] == "bash"
-    (bash_request,) = [s for s in spans if s.parent_id == tool_call.span_id]
-    assert bash_request.name == "POST /v1/sessions/{session_id}/tools/bash"
-    assert bash_request.kind == SERVER_SPAN
+    bash_request = through_client(tool_call, "/v1/sessions/{session_id}/tools/bash")
     assert bash_request.attributes["http.response.status_code"] == 200
-    assert bash_request.attributes["cuda_agent.session_id"]
 
     # The episode's end: the agent loop's judge -> POST .../judge -> judge_run (profile) -> phases.
     judge = _one(spans, Stage.JUDGE)
     assert parent(judge) is episode_span and judge.attributes["cuda_agent.reward"] == 3
-    (judge_request,) = [s for s in spans if s.parent_id == judge.span_id]
-    assert judge_request.name == "POST /v1/sessions/{session_id}/judge" and judge_request.kind == SERVER_SPAN
+    judge_request = through_client(judge, "/v1/sessions/{session_id}/judge")
 
     judge_runs = {parent(s).span_id: s for s in spans if s.name == Stage.JUDGE_RUN}
     assert set(judge_runs) == {bash_request.span_id, judge_request.span_id}
@@ -211,8 +222,9 @@ def test_one_trace_per_episode_from_the_trainer_into_the_judge_linked_to_its_ste
         assert phases[2].attributes["cuda_agent.speedup_vs_compile"] == 1.5
         assert all(a.end_ns <= b.start_ns for a, b in itertools.pairwise(phases))
 
-    # Session lifecycle requests are children of the episode too.
-    requests = {s.name for s in spans if s.kind == SERVER_SPAN and parent(s) is episode_span}
+    # Session lifecycle requests are children of the episode too (through their CLIENT spans).
+    clients = [s for s in spans if s.kind == CLIENT_SPAN and parent(s) is episode_span]
+    requests = {s.name for s in spans if s.kind == SERVER_SPAN and parent(s) in clients}
     assert {"POST /v1/sessions", "DELETE /v1/sessions/{session_id}"} <= requests
 
     # Each side names itself: the trainer's spans and the sandbox pod's, with run / pool / pod.

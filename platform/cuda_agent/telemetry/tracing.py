@@ -124,6 +124,11 @@ def configure_tracing(
     return provider
 
 
+def tracer_provider() -> TracerProvider | None:
+    """The provider configure_tracing made (None: the global one), for instrumentations that take one."""
+    return _provider
+
+
 def tracer(name: str = "cuda_agent") -> trace.Tracer:
     return trace.get_tracer(name, tracer_provider=_provider)
 

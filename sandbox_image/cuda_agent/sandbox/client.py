@@ -10,8 +10,10 @@
 Both speak the models of the contract module cuda_agent.api.sandbox (never a server module); a tool
 call takes the tool's name and its input as the model emitted it, and returns the tool's typed result.
 HTTP errors raise SandboxError with the server's message; tool failures are
-results (`is_error`), not exceptions. Every request carries the caller's trace context (W3C
-`traceparent`) when OpenTelemetry is installed, so the server's spans join the caller's trace.
+results (`is_error`), not exceptions. Every request carries the trace context (W3C `traceparent`)
+when OpenTelemetry is installed, so the server's spans join the caller's trace: SandboxClient's requests
+are CLIENT spans of OpenTelemetry's aiohttp instrumentation where that is installed (the trainer's
+dependencies), SyncSandboxClient's send the caller's context.
 """
 
 from __future__ import annotations
@@ -75,6 +77,24 @@ def _tool_input(name: str, arguments: dict[str, Any] | BaseModel) -> tuple[str, 
     return f"tools/{name}", body, tool.result_model
 
 
+def _http_trace_configs() -> list[Any]:
+    """OpenTelemetry's aiohttp client instrumentation (opentelemetry-instrumentation-aiohttp-client): a
+    CLIENT span per request with the stable HTTP semantic conventions (`url.full`,
+    `http.request.method`, `http.response.status_code`, `server.address`, `server.port`, `error.type`),
+    and the request's `traceparent` names that span. [] where it is not installed (OpenTelemetry is an
+    optional dependency of this client); requests then carry the caller's context (_trace_headers)."""
+    try:
+        from opentelemetry.instrumentation._semconv import _StabilityMode
+        from opentelemetry.instrumentation.aiohttp_client import create_trace_config
+
+        from cuda_agent.telemetry.tracing import tracer_provider
+    except ImportError:
+        return []
+    # The stable HTTP conventions (url.*, http.request.*): the instrumentation's default still emits the
+    # old names (http.url, http.method) unless OTEL_SEMCONV_STABILITY_OPT_IN says http.
+    return [create_trace_config(tracer_provider=tracer_provider(), sem_conv_opt_in_mode=_StabilityMode.HTTP)]
+
+
 def _trace_headers() -> dict[str, str]:
     """The current span's W3C trace context headers; {} outside a span or without OpenTelemetry (an
     optional dependency of this client)."""
@@ -102,9 +122,13 @@ class SandboxClient:
         import aiohttp
 
         self.base_url = base_url.rstrip("/")
+        trace_configs = _http_trace_configs()
+        # With the instrumentation, it injects its CLIENT span's context; without, the caller's is sent.
+        self._inject_trace = not trace_configs
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=timeout_s),
             connector=aiohttp.TCPConnector(limit=max_connections),
+            trace_configs=trace_configs,
         )
 
     async def __aenter__(self) -> SandboxClient:
@@ -119,7 +143,8 @@ class SandboxClient:
     async def _call(self, method: str, path: str, body: BaseModel | None, out: type[M]) -> M:
         data = body.model_dump_json(by_alias=True, exclude_none=True) if body is not None else None
         headers = {"Content-Type": "application/json"} if data is not None else {}
-        headers.update(_trace_headers())
+        if self._inject_trace:
+            headers.update(_trace_headers())
         async with self._http.request(method, f"{self.base_url}{path}", data=data, headers=headers) as resp:
             payload = await resp.read()
             if resp.status >= 400:
