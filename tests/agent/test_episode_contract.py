@@ -6,9 +6,10 @@ environment a trainer process gets -> `TrainerEnv.from_environ` -> the trainer's
 loop on the transformers backend, a tiny random-init policy with SmolLM2's tokenizer) -> a real sandbox
 server. A pass-through recorder sits between the client and the server and keeps every request body the
 server receives (session create, the final judge call) and every answer; the server runs the tests' fake
-judge, which reports the command line the server started it with, so the flags the judge process got are
-checked too. The server is started with `--gpus 1` on a machine that may have none: the fake judge needs
-no GPU, and the server accepts CUDA sessions only when it has GPUs, which this way it has.
+judge, which reads the command line the server started it with through the real judge CLI's code and
+reports the JudgeConfig it built, so the options are checked where the judge process has them. The server
+is started with `--gpus 1` on a machine that may have none: the fake judge needs no GPU, and the server
+accepts CUDA sessions only when it has GPUs, which this way it has.
 
 `cuda-agent eval --run FILE` is checked the same way: its episodes end at the run's maxTurnsEval (not
 maxTurnsTrain) and its sessions carry the pool's device and the run's judge options.
@@ -17,7 +18,6 @@ maxTurnsTrain) and its sessions carry the pool's device and the run's judge opti
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import threading
 from collections.abc import Iterator
@@ -40,7 +40,8 @@ from cuda_agent.operator.run_children import RunContext, trainer_env
 TINY_POLICY = EXAMPLES / "models" / "tiny-smollm2"  # SmolLM2's tokenizer and chat template, 2 layers
 # Every field of spec.reward away from its default, so a field that is dropped shows as the default.
 REWARD = {"precision": "tf32", "tolerance": {"atol": 0.003, "rtol": 0.004}, "speedupMargin": 0.2}
-JUDGE_FLAGS = {"--precision": "tf32", "--atol": "0.003", "--rtol": "0.004", "--margin": "0.2"}
+# What the judge process ran with (its JudgeConfig, as the fake judge's CLI code built it).
+JUDGE_CONFIG = {"precision": "tf32", "atol": 0.003, "rtol": 0.004, "margin": 0.2}
 
 
 @dataclass
@@ -168,10 +169,11 @@ def trainer_environment(run: TrainingRun, observed: SandboxPoolSpec, sandbox_url
     return TrainerEnv.from_environ(environ)
 
 
-def judge_argv(answer: Any) -> dict[str, str]:
-    """The fake judge's command line (it reports it in its verdict), as flag -> value."""
-    argv = answer["result"]["argv"]
-    return {flag: value for flag, value in itertools.pairwise(argv) if flag.startswith("--")}
+def judge_config(answer: Any) -> dict[str, Any]:
+    """The judge's JudgeConfig as the fake judge reports it (built by the judge CLI's own code from what the
+    server passed), flattened to the options' names."""
+    config: dict[str, Any] = answer["result"]["config"]
+    return {**config, **config["tolerances"]}
 
 
 @pytest.mark.parametrize(("gpus", "device"), [(1, "cuda"), (0, "cpu")])
@@ -200,9 +202,9 @@ def test_training_sessions_get_the_pools_device_and_the_runs_reward_policy(
     judge = create["judge"]
     assert (judge["precision"], judge["atol"], judge["rtol"], judge["margin"]) == ("tf32", 0.003, 0.004, 0.2)
     [answer] = recorder.answers("POST", "/judge")
-    flags = judge_argv(answer)
-    assert {flag: flags.get(flag) for flag in JUDGE_FLAGS} == JUDGE_FLAGS
-    assert flags["--device"] == device
+    config = judge_config(answer)
+    assert {name: config[name] for name in JUDGE_CONFIG} == JUDGE_CONFIG
+    assert config["device"] == device
     # The rollout's policy copy is where the trainer's GPU is, if it has one.
     import torch
 
@@ -257,6 +259,6 @@ def test_eval_episodes_end_at_max_turns_eval_with_the_runs_judge_options(
     judge = create["judge"]
     assert (judge["precision"], judge["atol"], judge["rtol"], judge["margin"]) == ("tf32", 0.003, 0.004, 0.2)
     [answer] = recorder.answers("POST", "/judge")
-    flags = judge_argv(answer)
-    assert {flag: flags.get(flag) for flag in JUDGE_FLAGS} == JUDGE_FLAGS
+    config = judge_config(answer)
+    assert {name: config[name] for name in JUDGE_CONFIG} == JUDGE_CONFIG
     assert cli.main([*args, "--max-turns", "3"]) == 2  # the run file decides the turn limit

@@ -76,3 +76,15 @@ def test_reward_service_judges_a_wrong_candidate_as_minus_one(server: RunningSer
     assert again.reward >= 1 and again.correct, again.error
     notes = (again.model_extra or {}).get("notes", [])
     assert any("compiled before candidate code" in n and "(shared judge cache)" in n for n in notes), notes
+
+
+def test_the_options_of_an_evaluate_request_are_what_the_judge_ran_with(server: RunningServer) -> None:
+    """Options set through the server are checked where they arrive: in the real judge's verdict, which
+    reports the precision, verify trials and timed trials it used, and the baseline it skipped."""
+    options = JudgeOptions(trials=3, profile_trials=6, compile_mode="none", precision="tf32")
+    request = EvaluateRequest(task=TaskRef(source=TASK), model_new=SOLUTION, judge=options)
+    result = server.client.evaluate(request)
+    assert result.reward >= 1 and result.correct, result.error
+    extra = result.model_extra or {}
+    assert (result.precision, extra.get("trials"), extra.get("profile_trials")) == ("tf32", 3, 6)
+    assert result.timings_ms.get("compile") is None and result.speedup.get("compile") is None

@@ -121,7 +121,9 @@ def test_compile_verify_profile_commands_judge_the_workspace(server: RunningServ
     as_json = client.tool(session_id, "bash", {"command": "verify --json"})
     run = json.loads(as_json.output)
     assert run["stage"] == "verify" and run["result"]["candidate_kind"] == "dir"
-    assert "--profile-trials" in run["result"]["argv"]
+    # The stage's options as they arrived: the JudgeConfig the judge's own CLI code built from them.
+    config = run["result"]["config"]
+    assert (config["profile"]["trials"], config["compile_mode"]) == (3, "none")
 
 
 def test_session_judge_endpoint_returns_the_judge_run(server: RunningServer, session_id: str) -> None:

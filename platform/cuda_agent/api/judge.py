@@ -52,6 +52,10 @@ class Timeouts(BaseModel):
     profile: float = Field(default=600.0, gt=0)
 
 
+# The judge CLI's argument that carries a JudgeOptions as JSON: how the session server passes them.
+OPTIONS_JSON_FLAG = "--options-json"
+
+
 class JudgeOptions(BaseModel):
     """What a caller may set of one judge run; None leaves the judge's default. A TrainingRun's `spec.reward`
     reaches every session through these (cuda_agent.api.episode): precision, tolerances, speedup margin.

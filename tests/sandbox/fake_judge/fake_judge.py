@@ -7,7 +7,6 @@ candidate's files: BUILD_ERROR, WRONG, SLEEP=<seconds>, HOLD_GPU=<seconds>; a ta
 exits 2 as the real judge does for a broken task.
 """
 
-import argparse
 import ctypes
 import hashlib
 import json
@@ -65,24 +64,18 @@ def probe_isolation(candidate: Path) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("task")
-    parser.add_argument("candidate")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--no-service", action="store_true")  # the real CLI's flag; nothing to hand over
-    for flag in (
-        "--trials",
-        "--precision",
-        "--compile-mode",
-        "--timeout",
-        "--atol",
-        "--rtol",
-        "--profile-trials",
-        "--margin",
-    ):
-        parser.add_argument(flag)
-    args = parser.parse_args()
+    # The real judge's command line, read by the real judge's own code: the JudgeConfig a real judge would
+    # run with is what this stand-in reports, so the server's tests check the options where they arrive.
+    from pydantic import ValidationError
+
+    from cuda_agent.sandbox.judge import cli as judge_cli
+
+    args = judge_cli.parse_args(sys.argv[1:])
+    try:
+        config = judge_cli.build_config(args, args.device or "cpu")
+    except (ValueError, ValidationError) as exc:
+        print(f"judge: {exc}", file=sys.stderr)
+        return 2
     try:
         task = Path(args.task).read_text()
     except OSError as exc:
@@ -101,7 +94,7 @@ def main() -> int:
         from cuda_agent.sandbox.gpu_lock import device_lock
 
         # The real judge's lock: the server's per-GPU state file from CUDA_AGENT_GPU_LOCK.
-        with device_lock(args.device, Path(os.environ.get("TMPDIR", "/tmp"))).acquire() as hold:
+        with device_lock(config.device, Path(os.environ.get("TMPDIR", "/tmp"))).acquire() as hold:
             start = time.time()
             time.sleep(float(m.group(1)))
             held = [start, time.time()]
@@ -124,13 +117,14 @@ def main() -> int:
         "timings_ms": {"candidate": 1.0, "eager": 2.0, "compile": 1.5},
         "speedup": {"eager": 2.0, "compile": 1.5},
         "cv": {"candidate": 0.01, "eager": 0.01, "compile": 0.01},
-        "precision": "strict-fp32",
-        "device": args.device,
+        "precision": config.precision,
+        "device": config.device,
         "build_log": None if compiled else "kernels/k.cpp:1: error: BUILD_ERROR",
         "seconds": {"build": 0.0, "verify": 0.0, "profile": 0.0},
         "build_cached": cached,
         "lock_wait_s": lock_wait,
         "argv": sys.argv[1:],
+        "config": config.model_dump(mode="json", exclude={"ops"}),
         "held": held,
         "candidate_kind": "dir" if candidate.is_dir() else "file",
         "observed": probe_isolation(candidate),

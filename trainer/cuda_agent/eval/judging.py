@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from cuda_agent.api.judge import Device, JudgeOptions
+from cuda_agent.api.judge import OPTIONS_JSON_FLAG, Device, JudgeOptions
 from cuda_agent.api.sandbox import JudgeResult
 from cuda_agent.eval.models import JudgeSettings, RowStatus, TaskResult
 from cuda_agent.eval.tasks import Candidate, Task
@@ -55,17 +55,10 @@ def task_file(task: Task, workdir: Path) -> Path:
     return path
 
 
-def judge_flags(settings: JudgeSettings, device: Device) -> list[str]:
-    flags = ["--device", device, "--precision", settings.precision, "--compile-mode", settings.compile_mode]
-    flags += ["--timeout", str(settings.timeout_s)]
-    if settings.trials is not None:
-        flags += ["--trials", str(settings.trials)]
-    if settings.profile_trials is not None:
-        flags += ["--profile-trials", str(settings.profile_trials)]
-    for name, value in (("--atol", settings.atol), ("--rtol", settings.rtol), ("--margin", settings.margin)):
-        if value is not None:
-            flags += [name, str(value)]
-    return flags
+def judge_args(settings: JudgeSettings, device: Device) -> list[str]:
+    """The judge CLI's device and options: the options as one JudgeOptions JSON, as the session server
+    passes them (one path from the settings to the judge's config)."""
+    return ["--device", device, OPTIONS_JSON_FLAG, settings.options().model_dump_json(exclude_none=True)]
 
 
 class LocalJudge:
@@ -85,7 +78,7 @@ class LocalJudge:
             str(task_file(candidate.task, self.workdir)),
             str(candidate.path if candidate.is_workspace else candidate.model_new),
             "--json",
-            *judge_flags(self.settings, self.device),
+            *judge_args(self.settings, self.device),
         ]
         started = time.monotonic()
         proc = await asyncio.create_subprocess_exec(

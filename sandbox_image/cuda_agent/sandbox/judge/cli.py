@@ -18,7 +18,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from cuda_agent.api.judge import COMPILE_MODES, DEVICES, PRECISIONS, Device
+from cuda_agent.api.judge import COMPILE_MODES, DEVICES, OPTIONS_JSON_FLAG, PRECISIONS, Device, JudgeOptions
+from cuda_agent.sandbox.judge.config import JudgeConfig, judge_config
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,28 +36,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("candidate", type=Path, metavar="CANDIDATE", help="model_new.py, or a workspace directory")
     p.add_argument("--device", choices=DEVICES, default=None, help="default: cuda when available")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+    # The judge options (cuda_agent.api.judge.JudgeOptions), one flag each for people; unset keeps the
+    # judge's default. A program passes them all at once as the model's JSON (--options-json).
     p.add_argument(
-        "--trials", type=int, default=5, help="verify trials, fresh secret inputs each (default 5)"
+        "--trials", type=int, default=None, help="verify trials, fresh secret inputs each (default 5)"
     )
-    p.add_argument("--precision", choices=PRECISIONS, default="strict-fp32")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help="default strict-fp32")
     p.add_argument(
         "--compile-mode",
         choices=COMPILE_MODES,
-        default="default",
-        help="torch.compile mode of the baseline; none skips it (reward then at most 2)",
+        default=None,
+        help="torch.compile mode of the baseline (default: default); none skips it (reward then at most 2)",
     )
     p.add_argument(
-        "--timeout", type=float, default=1800.0, help="total seconds (phases also have own limits)"
+        "--timeout",
+        dest="timeout_s",
+        type=float,
+        default=None,
+        help="total seconds (default 1800; phases also have own limits)",
     )
-    p.add_argument("--atol", type=float, default=1e-2)
-    p.add_argument("--rtol", type=float, default=1e-2)
+    p.add_argument("--atol", type=float, default=None, help="default 0.01")
+    p.add_argument("--rtol", type=float, default=None, help="default 0.01")
     p.add_argument(
         "--margin",
         type=float,
-        default=0.05,
+        default=None,
         help="reward tiers: 'faster' means speedup > 1 + margin (default 0.05)",
     )
-    p.add_argument("--profile-trials", type=int, default=100, help="interleaved timed trials (default 100)")
+    p.add_argument("--profile-trials", type=int, default=None, help="interleaved timed trials (default 100)")
+    p.add_argument(
+        OPTIONS_JSON_FLAG,
+        dest="options_json",
+        metavar="JSON",
+        default=None,
+        help="all judge options as one JudgeOptions JSON object (how the session server passes them); "
+        "not combined with the option flags above",
+    )
     p.add_argument(
         "--seed-file",
         type=Path,
@@ -80,6 +95,48 @@ def _parser() -> argparse.ArgumentParser:
         help="judge in this process even when CUDA_AGENT_JUDGE_SERVICE names a warm judge service",
     )
     return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line; a usage error prints one line and exits 2."""
+    return _parser().parse_args(list(argv))
+
+
+def judge_options(args: argparse.Namespace) -> JudgeOptions:
+    """The judge options of this command line: the --options-json model (validated by JudgeOptions, the
+    bounds any caller of the API gets), or the option flags a person gave. Those are bounded by JudgeConfig
+    alone, as they always were (a test asks for --margin 1000), hence model_construct."""
+    given = {
+        name: getattr(args, name) for name in JudgeOptions.model_fields if getattr(args, name) is not None
+    }
+    if args.options_json is None:
+        return JudgeOptions.model_construct(**given)
+    if given:
+        flags = ", ".join("--" + ("timeout" if n == "timeout_s" else n.replace("_", "-")) for n in given)
+        raise _OptionsError(f"{OPTIONS_JSON_FLAG} cannot be combined with {flags}")
+    try:
+        return JudgeOptions.model_validate_json(args.options_json)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(the object)"
+        raise _OptionsError(f"invalid {OPTIONS_JSON_FLAG} {field}: {first['msg']}") from None
+
+
+def build_config(args: argparse.Namespace, device: Device) -> JudgeConfig:
+    """The run's JudgeConfig from the command line (raises _OptionsError or pydantic's ValidationError)."""
+    extra = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    return judge_config(
+        args.task.resolve(),
+        args.candidate.resolve(),
+        device,
+        judge_options(args),
+        seed_file=args.seed_file,
+        **extra,
+    )
+
+
+class _OptionsError(ValueError):
+    """The judge options of the command line are unusable (one line for stderr)."""
 
 
 def _env_float(name: str) -> float | None:
@@ -213,7 +270,7 @@ def _bound_cache(cache_dir: Path, max_mb: float, notes: list[str]) -> None:
 
 def main(argv: Sequence[str]) -> int:
     entered = time.monotonic()
-    args = _parser().parse_args(list(argv))
+    args = parse_args(argv)
     if not args.no_service:
         # A warm service skips this process's torch/inductor imports and worker start-up (opt-in).
         from cuda_agent.sandbox.judge import local_service
@@ -225,9 +282,7 @@ def main(argv: Sequence[str]) -> int:
     # during them asks NVML, not the driver: a driver query makes torch refuse CUDA in every process
     # forked afterwards, and the orchestrator forks its workers.
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
-    from cuda_agent.api.judge import Timeouts, Tolerances
     from cuda_agent.sandbox.judge import confinement, errors, orchestrator
-    from cuda_agent.sandbox.judge.config import JudgeConfig, ProfileSettings
 
     # No CUDA call here: the orchestrator checks availability after forking its workers.
     device: Device = args.device or ("cuda" if confinement.cuda_host() else "cpu")
@@ -236,26 +291,10 @@ def main(argv: Sequence[str]) -> int:
             print(f"cuda-agent judge: {label} {path} does not exist", file=sys.stderr)
             return 2
     try:
-        timeouts = Timeouts(
-            total=args.timeout,
-            build=min(900.0, args.timeout),
-            verify=min(300.0, args.timeout),
-            profile=min(600.0, args.timeout),
-        )
-        config = JudgeConfig(
-            task=args.task.resolve(),
-            candidate=args.candidate.resolve(),
-            device=device,
-            trials=args.trials,
-            precision=args.precision,
-            compile_mode=args.compile_mode,
-            tolerances=Tolerances(atol=args.atol, rtol=args.rtol),
-            timeouts=timeouts,
-            profile=ProfileSettings(trials=args.profile_trials),
-            seed_file=args.seed_file,
-            margin=args.margin,
-            **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
-        )
+        config = build_config(args, device)
+    except _OptionsError as exc:
+        print(f"cuda-agent judge: {exc}", file=sys.stderr)
+        return 2
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"])

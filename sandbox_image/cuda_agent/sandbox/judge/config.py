@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cuda_agent.api.judge import CompileMode, Device, Precision, Timeouts, Tolerances
+from cuda_agent.api.judge import CompileMode, Device, JudgeOptions, Precision, Timeouts, Tolerances
 from cuda_agent.api.judge_files import JUDGE_CACHE_ENV
 
 
@@ -122,3 +122,37 @@ class JudgeConfig(BaseModel):
     cache_dir: Path = Field(default_factory=default_cache_dir)
     # Reward margin of the paper's eq. 1: "faster" means speedup > 1 + margin.
     margin: float = Field(default=0.05, ge=0)
+
+
+def judge_config(
+    task: Path, candidate: Path, device: Device, options: JudgeOptions, **settings: object
+) -> JudgeConfig:
+    """One run's configuration from the caller's options (the one place they become JudgeConfig fields); an
+    unset option keeps the judge's default. `settings`: JudgeConfig fields no caller's options name
+    (seed_file, cache_dir)."""
+    fields: dict[str, object] = {
+        name: value
+        for name in ("trials", "precision", "compile_mode", "margin")
+        if (value := getattr(options, name)) is not None
+    }
+    if options.timeout_s is not None:
+        fields["timeouts"] = timeouts_within(options.timeout_s)
+    tolerances = {name: value for name in ("atol", "rtol") if (value := getattr(options, name)) is not None}
+    if tolerances:
+        fields["tolerances"] = Tolerances.model_validate(tolerances)
+    if options.profile_trials is not None:
+        fields["profile"] = ProfileSettings(trials=options.profile_trials)
+    return JudgeConfig.model_validate(
+        {"task": task, "candidate": candidate, "device": device, **fields, **settings}
+    )
+
+
+def timeouts_within(total: float) -> Timeouts:
+    """A total limit, and each phase's own default limit cut to it."""
+    default = Timeouts()
+    return Timeouts(
+        total=total,
+        build=min(default.build, total),
+        verify=min(default.verify, total),
+        profile=min(default.profile, total),
+    )

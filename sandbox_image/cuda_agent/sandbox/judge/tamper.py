@@ -19,10 +19,15 @@ from typing import Any
 import torch
 import torch.nn.modules.module as nn_module_impl
 
+from cuda_agent.api.judge_files import JUDGE_CONTRACT_MODULES
 from cuda_agent.sandbox.judge import backend_state
 from cuda_agent.sandbox.judge import task as task_lib
 
 JUDGE_PACKAGE = "cuda_agent.sandbox.judge"
+# The modules of cuda_agent.api the judge runs (its shared types, its file contract): watched like its own.
+JUDGE_CONTRACT_NAMES = frozenset(
+    "cuda_agent.api." + name.removesuffix(".py") for name in JUDGE_CONTRACT_MODULES if name != "__init__.py"
+)
 PRECISION_KEYS = frozenset(
     {
         "cuda.matmul.allow_tf32",
@@ -65,7 +70,7 @@ def _namespaces(task_module: Any) -> dict[str, Any]:
         spaces["task"] = task_module
         spaces["task.Model"] = task_module.Model
     for name, module in list(sys.modules.items()):
-        if name.startswith(JUDGE_PACKAGE) and module is not None:
+        if (name.startswith(JUDGE_PACKAGE) or name in JUDGE_CONTRACT_NAMES) and module is not None:
             spaces[name] = module
     return {k: v for k, v in spaces.items() if v is not None}
 

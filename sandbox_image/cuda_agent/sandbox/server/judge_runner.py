@@ -1,6 +1,7 @@
 """Runs the judge CLI on a read-only snapshot of a candidate, as the slot's judge user, one GPU at a time.
 
-The judge is only ever a subprocess (`python -m cuda_agent.sandbox.judge.cli TASK CANDIDATE --json`):
+The judge is only ever a subprocess (`python -m cuda_agent.sandbox.judge.cli TASK CANDIDATE --json
+--options-json JSON`, the run's JudgeOptions as the contract's JSON):
 its files are hashed at startup and re-checked before every run, and a changed hash stops all judging
 (a tampered judge makes every later reward worthless). Builds run concurrently up to
 `max_concurrent_judges`; on a GPU the judge itself takes the per-GPU FIFO lock (its state file is passed
@@ -37,6 +38,7 @@ from cuda_agent.api.judge_files import (
     hash_judge_files,
     package_judge_dir,
 )
+from cuda_agent.api.judge import OPTIONS_JSON_FLAG
 from cuda_agent.api.sandbox import MAX_CANDIDATE_FILES
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
 from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
@@ -211,7 +213,8 @@ class JudgeService:
                 job.device,
                 "--json",
                 "--no-service",  # rewards never come from a service a session could stand up
-                *stage_flags(job.stage, job.options),
+                OPTIONS_JSON_FLAG,  # the options as the contract's model, serialised once
+                stage_options(job.stage, job.options).model_dump_json(exclude_none=True),
             ]
             scratch = str(job_dir / "scratch")
             writable = [scratch] + ([env[JUDGE_CACHE_ENV]] if JUDGE_CACHE_ENV in env else [])
@@ -491,18 +494,14 @@ class SnapshotError(Exception):
 QUICK_PROFILE = {"profile_trials": 3, "compile_mode": "none"}
 
 
-def stage_flags(stage: JudgeStage, options: JudgeOptions) -> list[str]:
-    """CLI flags for one stage: compile = 1 verify trial + quick profile; verify = quick profile."""
-    flags: list[str] = []
+def stage_options(stage: JudgeStage, options: JudgeOptions) -> JudgeOptions:
+    """The judge options of one stage: compile = 1 verify trial + quick profile; verify = quick profile."""
     values: dict[str, object] = options.model_dump(exclude_none=True)
     if stage == "compile":
         values.update(trials=1, **QUICK_PROFILE)
     elif stage == "verify":
         values.update(QUICK_PROFILE)
-    names = {"timeout_s": "--timeout"}
-    for key, value in values.items():
-        flags += [names.get(key, "--" + key.replace("_", "-")), str(value)]
-    return flags
+    return JudgeOptions.model_validate(values)
 
 
 def _is_kernel_source(rel: str) -> bool:
