@@ -28,6 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 from pydantic import ValidationError
 
+from cuda_agent.api.judge import OPTIONS_JSON_FLAG
 from cuda_agent.api.judge_files import (
     FROZEN_FILES,
     JUDGE_CACHE_ENV,
@@ -38,7 +39,6 @@ from cuda_agent.api.judge_files import (
     hash_judge_files,
     package_judge_dir,
 )
-from cuda_agent.api.judge import OPTIONS_JSON_FLAG
 from cuda_agent.api.sandbox import MAX_CANDIDATE_FILES
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
 from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
