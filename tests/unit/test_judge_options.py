@@ -62,3 +62,14 @@ def test_the_stages_options_are_the_sessions_with_the_quick_profile() -> None:
     assert verify == OPTIONS.model_copy(update=QUICK_PROFILE)
     assert stage_options("compile", OPTIONS) == verify.model_copy(update={"trials": 1})
     assert stage_options("profile", JudgeOptions()).model_dump_json(exclude_none=True) == "{}"
+
+
+def test_every_precision_a_trainingrun_may_ask_for_is_one_the_judge_runs() -> None:
+    """The CRD's enum (spec.reward.precision) and the judge's value list are two spellings of one list: the
+    episode contract's mapping covers the enum and lands on the judge's values, all of them."""
+    from cuda_agent.api.episode import JUDGE_PRECISION
+    from cuda_agent.api.judge import PRECISIONS
+    from cuda_agent.api.trainingrun import PrecisionPolicy
+
+    assert set(JUDGE_PRECISION) == set(PrecisionPolicy)
+    assert sorted(JUDGE_PRECISION.values()) == sorted(PRECISIONS)
