@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cuda_agent.api import judge_files as files
 from cuda_agent.sandbox.judge import build, orchestrator
 from cuda_agent.sandbox.server import judge_runner
@@ -96,3 +98,22 @@ def test_every_module_of_the_api_layer_a_judge_runs_is_hashed_with_the_judge() -
     loaded = {Path(path).name for path in json.loads(out.stdout)}
     assert loaded <= set(files.JUDGE_CONTRACT_MODULES), loaded
     assert all(Path(path).parent == files.contract_dir() for path in json.loads(out.stdout))
+
+
+def test_the_servers_writable_check_covers_the_contract_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's start-up warning names any judge file another uid could change: those under its judge
+    directory and the judge's contract modules of cuda_agent.api (here a copy with one made writable)."""
+    judge, contract = tmp_path / "judge", tmp_path / "api"
+    judge.mkdir(mode=0o755)
+    contract.mkdir()
+    (judge / "cli.py").write_text("")
+    os.chmod(judge / "cli.py", 0o644)
+    for name in files.JUDGE_CONTRACT_MODULES:
+        (contract / name).write_text("")
+        os.chmod(contract / name, 0o644)
+    monkeypatch.setattr(judge_runner, "contract_dir", lambda: contract)
+    assert judge_runner.writable_judge_files(judge, "restricted") == []
+    os.chmod(contract / "judge.py", 0o666)
+    assert judge_runner.writable_judge_files(judge, "restricted") == [str(contract / "judge.py")]

@@ -32,10 +32,12 @@ from cuda_agent.api.judge import OPTIONS_JSON_FLAG
 from cuda_agent.api.judge_files import (
     FROZEN_FILES,
     JUDGE_CACHE_ENV,
+    JUDGE_CONTRACT_MODULES,
     JUDGE_SEED_ENV,
     JUDGE_USER,
     SKIP_DIRS,
     changed_paths,
+    contract_dir,
     hash_judge_files,
     package_judge_dir,
 )
@@ -61,14 +63,18 @@ _MAX_STEP_ATTRIBUTES = 64  # a judge of another version must not flood a span
 
 
 def writable_judge_files(root: Path, mode: str) -> list[str]:
-    """Judge paths an agent or judge uid could change (group/other-writable, or owned by non-root)."""
-    exposed = []
+    """Judge paths an agent or judge uid could change (group/other-writable, or owned by non-root): under
+    root, and the judge's contract modules of cuda_agent.api, which are hashed with it."""
+    paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
-        for name in [".", *filenames]:
-            st = os.lstat(Path(dirpath, name))
-            if st.st_mode & 0o022 or (mode == "root" and st.st_uid != 0):
-                exposed.append(str(Path(dirpath, name)))
+        paths += [Path(dirpath, name) for name in [".", *filenames]]
+    paths += [contract_dir() / name for name in JUDGE_CONTRACT_MODULES]
+    exposed = []
+    for path in paths:
+        st = os.lstat(path)
+        if st.st_mode & 0o022 or (mode == "root" and st.st_uid != 0):
+            exposed.append(str(path))
     return exposed
 
 
