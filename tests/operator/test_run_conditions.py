@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from cuda_agent.api.trainingrun import TrainingRunConditionType as RunCondition
-from cuda_agent.operator.conditions import Condition
-from cuda_agent.operator.executor import driver_state
-from cuda_agent.operator.run_reconciler import RunState, decide_conditions
+from cuda_agent.operator import labels as lb
+from cuda_agent.operator.conditions import Condition, merge_conditions
+from cuda_agent.operator.executor import driver_state, ray_state
+from cuda_agent.operator.run_reconciler import RunState, decide_conditions, run_events
 from cuda_agent.operator.views import PodView
 
 
@@ -123,3 +125,87 @@ def test_driver_state_follows_the_driver_pod() -> None:
     assert driver_state(driver("Running", 1, "OOMKilled (exit 137)", "OOMKilled"), 0)[2] == "OOMKilled"
     evicted = driver_state(driver("Failed", last_exit="Evicted: node lost"), 3)
     assert evicted[1].endswith("Evicted: node lost") and evicted[2] == "DriverPodFailed"
+
+
+NOW = datetime(2026, 12, 3, 6, 0, tzinfo=UTC)
+
+
+def written(run: RunState, previous: dict[str, Any]) -> dict[str, Any]:
+    """The status a pass writes for `run` over `previous` (phase and merged conditions)."""
+    phase, decided = decide_conditions(run)
+    conditions = merge_conditions(previous.get("conditions"), decided, generation=1, now=NOW)
+    return {"phase": str(phase), "conditions": conditions}
+
+
+def transitions(previous: dict[str, Any], status: dict[str, Any]) -> set[str]:
+    before = {c["type"]: (c["status"], c["reason"]) for c in previous.get("conditions") or ()}
+    return {
+        c["type"]
+        for c in status["conditions"]
+        if before.get(c["type"], (None, None)) != (c["status"], c["reason"])
+    }
+
+
+def test_one_event_per_condition_transition_and_the_phase_on_the_condition_behind_it() -> None:
+    """A run's life, pass by pass: every condition that changed is told once (reason = its new reason),
+    the new phase rides on the Event of the condition behind it, and a pass that changed no condition
+    (the same state again, or only the step count) posts nothing."""
+    queued = Condition(RunCondition.ADMITTED, False, "InsufficientGPU", "80 GPUs needed, 48 free")
+    admitted = Condition(RunCondition.ADMITTED, True, "GangAdmitted", "80 GPUs in 10 Ray worker pod(s)")
+    oom = Condition(RunCondition.FAILED, True, "OOMKilled", "exit 137")
+    life = [
+        state(admission=queued, ray_ready=False, driver="absent"),
+        state(admission=admitted, ray_ready=False, driver="absent", ray_message="0/11 Ray pods ready"),
+        state(admission=admitted),
+        state(admission=admitted, step=3),
+        state(admission=admitted, step=4),
+        state(admission=admitted, step=4, failure=oom, driver="failed"),
+    ]
+    previous: dict[str, Any] = {}
+    told: list[list[tuple[str, str, bool]]] = []
+    for run in life:
+        status = written(run, previous)
+        events = run_events(previous, status)
+        assert run_events(status, status) == []  # the same status again: nothing
+        changed = (
+            transitions(previous, status)
+            if previous
+            else {
+                c["type"]
+                for c in status["conditions"]
+                if c["status"] == "True" or c["reason"] == "InsufficientGPU"
+            }
+        )
+        assert sorted(e.condition for e in events) == sorted(changed)  # one per transition, no repeats
+        told.append([(e.condition, e.reason, e.warning) for e in events if e.message.startswith("phase ")])
+        previous = status
+    assert told == [
+        [("Admitted", "InsufficientGPU", False)],  # Queued: the reason it waits, though first written False
+        [("Provisioning", "StartingRayCluster", False)],  # Pending
+        [("WarmingUp", "WarmUpStages", False)],
+        [("Training", "PpoSteps", False)],  # Running
+        [],  # step 4: no new phase, and no condition changed
+        [("Failed", "OOMKilled", True)],
+    ]
+    assert run_events(written(life[3], {}), written(life[4], written(life[3], {}))) == []
+
+
+def test_ray_pods_ready_counts_only_the_pods_the_spec_asks_for() -> None:
+    """A worker left from an earlier, larger spec (pods are never updated) and a terminating one are not
+    ready pods of this cluster: never "3/2 Ray pods ready"."""
+
+    def ray_pod(name: str, component: str, ready: bool = True, terminating: bool = False) -> PodView:
+        return PodView(name, "Running", ready, None, None, None, terminating, ((lb.COMPONENT, component),))
+
+    head, worker = lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER
+    expected = ["run-ray-head", "run-ray-worker-0"]
+    left_over = [ray_pod("run-ray-head", head), ray_pod("run-ray-worker-0", worker, ready=False)]
+    left_over += [ray_pod("run-ray-worker-1", worker), ray_pod("run-ray-worker-0", worker, terminating=True)]
+    assert ray_state(False, None, left_over, expected) == (False, "1/2 Ray pods ready")
+    up = [
+        ray_pod("run-ray-head", head),
+        ray_pod("run-ray-worker-0", worker),
+        ray_pod("run-ray-worker-1", worker),
+    ]
+    assert ray_state(False, None, up, expected) == (True, "2/2 Ray pods ready")
+    assert ray_state(False, None, [], []) == (False, "0/0 Ray pods ready")

@@ -60,6 +60,13 @@ def crash_loop(ns: Namespace, pod: str, restarts: int) -> None:
     ns.kubectl("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
 
 
+def run_events(ns: Namespace) -> list[tuple[str, str]]:
+    """(run, reason) of every Event the operator posted on a TrainingRun, oldest first."""
+    events = [e for e in ns.items("events") if e["involvedObject"]["kind"] == "TrainingRun"]
+    events.sort(key=lambda e: (e.get("firstTimestamp") or "", e["metadata"]["name"]))
+    return [(e["involvedObject"]["name"], e["reason"]) for e in events]
+
+
 def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadline_ends_a_run(
     namespace: Namespace, operator_factory: Callable[..., OperatorProcess]
 ) -> None:
@@ -124,21 +131,29 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
     assert condition(namespace, "second", "Failed")["reason"] == "DeadlineExceeded"
     wait_for(lambda: not run_pods(namespace, "second"), "the second run's compute to go")
 
-    # An ended run creates nothing, however many passes follow (a change to a run is a pass).
+    # An ended run creates nothing, however many passes follow (a change to a run is a pass), and a pass
+    # that changes no condition posts no Event.
     before = metric_value(port, "TrainingRun")
+    events_before = run_events(namespace)
     for touch in range(2):
         for name in ("first", "second"):
             namespace.kubectl("annotate", "--overwrite", "trainingrun", name, f"example.com/touch={touch}")
     wait_for(lambda: metric_value(port, "TrainingRun") >= before + 4, "passes over the ended runs")
     assert not run_pods(namespace, "first") and not run_pods(namespace, "second")
     assert status(namespace, "first")["phase"] == "Failed"
+    assert run_events(namespace) == events_before
 
-    # Events tell the story; the operator logged one JSON line per changing pass.
+    # Events tell the story, one per condition transition (a new phase on the condition behind it), each
+    # once however often the operator was restarted; the operator logged one JSON line per changing pass.
+    told = run_events(namespace)
+    assert told.count(("first", "OOMKilled")) == 1 and told.count(("second", "DeadlineExceeded")) == 1
+    assert told.count(("second", "InsufficientGPU")) == 1  # queued once, though passed over many times
     reasons = {e["reason"]: e for e in namespace.items("events") if e["involvedObject"]["kind"] != "Pod"}
-    assert {"Queued", "WarmingUp", "Failed", "OOMKilled", "DeadlineExceeded", "PodsNotAnswering"} <= set(
+    assert {"InsufficientGPU", "WarmUpStages", "OOMKilled", "DeadlineExceeded", "PodsNotAnswering"} <= set(
         reasons
     )
-    assert reasons["OOMKilled"]["type"] == "Warning" and reasons["Queued"]["type"] == "Normal"
+    assert reasons["OOMKilled"]["type"] == "Warning" and reasons["InsufficientGPU"]["type"] == "Normal"
+    assert reasons["InsufficientGPU"]["message"].startswith("phase Queued; Admitted=False: ")
     lines = [json.loads(line) for line in operator.log_text().splitlines() if line.startswith("{")]
     passes = [line for line in lines if line["logger"] == "cuda_agent.operator.reconcile"]
     assert any(p["k8s_ref"]["kind"] == "TrainingRun" and p.get("phase") == "Queued" for p in passes)

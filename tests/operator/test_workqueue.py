@@ -56,7 +56,7 @@ def test_changes_during_a_pass_cause_exactly_one_more_pass_and_no_overlap() -> N
 
 def test_requeue_after_and_failures_are_retried() -> None:
     async def scenario() -> int:
-        queue, passes = WorkQueue(settle=0.01, error_backoff=0.05), [0]
+        queue, passes = WorkQueue(settle=0.01), [0]
         queue.open()
 
         async def reconcile(key: Key) -> float | None:
@@ -164,3 +164,34 @@ def test_client_go_defaults() -> None:
     assert queue.retry_delay(POOL) == 1000.0
     queue._failures[POOL] = 5000
     assert queue.retry_delay(POOL) == 1000.0
+
+
+def test_a_pass_that_handled_its_error_backs_off_like_one_that_raised() -> None:
+    """A reconciler whose write was refused returns `queue.failed(key)`: the per-key delay grows with
+    each such pass (capped by `at_most`), and the first pass without an error resets it."""
+
+    async def scenario() -> tuple[list[float], int, int]:
+        queue = WorkQueue(settle=0.001, failure_base=0.01, failure_max=1.0)
+        queue.open()
+        asked: list[float] = []
+
+        async def reconcile(key: Key) -> float | None:
+            if len(asked) < 5:
+                asked.append(queue.failed(key, at_most=0.05))  # e.g. a refused apply, reported in the status
+                return asked[-1]
+            return None
+
+        worker = asyncio.create_task(queue.work(reconcile))
+        queue.add(POOL)
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if len(asked) == 5:
+                break
+        during = queue.failures(POOL)
+        await asyncio.sleep(0.1)  # the sixth pass: no error
+        worker.cancel()
+        return asked, during, queue.failures(POOL)
+
+    asked, during, after = asyncio.run(scenario())
+    assert asked == [0.01, 0.02, 0.04, 0.05, 0.05]  # doubling, then at_most
+    assert (during, after) == (5, 0)  # counted as failures; forgotten once a pass had none

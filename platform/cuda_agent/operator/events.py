@@ -23,26 +23,36 @@ class Event:
     warning: bool
     reason: str
     message: str
+    condition: str = ""  # the condition type whose transition this tells ("" for other Events)
 
 
 def condition_events(
-    previous: Mapping[str, Any], status: Mapping[str, Any], is_problem: Callable[[Mapping[str, Any]], bool]
+    previous: Mapping[str, Any],
+    status: Mapping[str, Any],
+    is_problem: Callable[[Mapping[str, Any]], bool],
+    *,
+    also: str | None = None,
 ) -> list[Event]:
-    """One Event per condition whose status or reason changed and that is now True or a problem; a
-    condition first written False and harmless ("NotSucceeded") is no news (pure)."""
+    """Exactly one Event per condition transition (pure): for each condition whose status or reason
+    differs from `previous`, reason = its new reason, Warning when it is a problem. A condition written
+    for the first time is a transition when it is True or a problem; one first written False/Unknown and
+    harmless ("NotSucceeded") is no news. `also` names a condition type told even when it did not change
+    (the one behind a new phase). Conditions that did not change give nothing, so a write that changed
+    only messages or counts, or a pass that wrote nothing, posts nothing."""
     before = {c.get("type"): c for c in previous.get("conditions") or ()}
     events = []
     for condition in status.get("conditions") or ():
-        old = before.get(condition.get("type"))
-        if old is not None and (old.get("status"), old.get("reason")) == (
-            condition.get("status"),
-            condition.get("reason"),
-        ):
-            continue
+        kind = str(condition.get("type"))
+        old = before.get(kind)
+        now = (condition.get("status"), condition.get("reason"))
         problem = is_problem(condition)
-        if condition.get("status") == "True" or problem:
-            message = f"{condition['type']}={condition['status']}: {condition.get('message') or ''}"
-            events.append(Event(problem, str(condition["reason"]), message))
+        if old is None:
+            told = condition.get("status") == "True" or problem
+        else:
+            told = (old.get("status"), old.get("reason")) != now
+        if told or kind == also:
+            message = f"{kind}={condition['status']}: {condition.get('message') or ''}"
+            events.append(Event(problem, str(condition["reason"]), message, kind))
     return events
 
 

@@ -74,9 +74,11 @@ def stuck_pod(pods: Sequence[PodView]) -> tuple[str, str] | None:
 
 
 def ray_state(
-    kuberay: bool, cluster: ChildView | None, pods: Sequence[PodView], expected: int
+    kuberay: bool, cluster: ChildView | None, pods: Sequence[PodView], expected: Sequence[str]
 ) -> tuple[bool, str]:
-    """Whether the Ray cluster is up: KubeRay's verdict, or all of the run's own head/worker pods Ready."""
+    """Whether the Ray cluster is up: KubeRay's verdict, or all of the run's own head/worker pods Ready.
+    Only the pods the spec asks for (`expected`, by name) count: a worker left from an earlier spec
+    (pods are never updated) is not a ready one of these."""
     if kuberay:
         if cluster is None:
             return False, "RayCluster not created yet"
@@ -91,10 +93,16 @@ def ray_state(
         for p in pods
         if dict(p.labels).get(lb.COMPONENT) in (lb.COMPONENT_RAY_HEAD, lb.COMPONENT_RAY_WORKER)
     ]
-    ready = sum(1 for p in ray if p.ready and not p.terminating)
+    wanted = set(expected)
+    ready = sum(1 for p in ray if p.ready and not p.terminating and p.name in wanted)
     stuck = stuck_pod(ray)
-    message = f"{ready}/{expected} Ray pods ready" + (f"; {stuck[1]}" if stuck else "")
-    return ready >= expected and expected > 0, message
+    message = f"{ready}/{len(wanted)} Ray pods ready" + (f"; {stuck[1]}" if stuck else "")
+    return ready >= len(wanted) and bool(wanted), message
+
+
+def ray_pod_names(run: RunContext, spec: TrainingRunSpec) -> list[str]:
+    """The names of the head and worker pods the spec asks for (a Ray cluster the run owns)."""
+    return [str(pod["metadata"]["name"]) for pod in ray_pods(run, spec)]
 
 
 def compute_since(children: Mapping[tuple[str, str], ChildView], pods: Sequence[PodView]) -> datetime | None:
@@ -144,7 +152,7 @@ class ClusterExecutor:
         view = next((p for p in pods if p.name == lb.driver_name(run.name) and not p.terminating), None)
         driver, driver_message, failure = driver_state(view, spec.run_policy.backoff_limit)
         ready, ready_message = ray_state(
-            kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec))
+            kuberay, children.get(("RayCluster", run.name)), pods, ray_pod_names(run, spec)
         )
         exists = bool(compute_children(children, pods, keep_driver=False))
         stuck = stuck_pod(pods)
@@ -182,7 +190,7 @@ class ClusterExecutor:
             group = pod_group(run, spec)  # before its pods: coscheduling/Volcano look it up by name
             wanted = [*([group] if group is not None else []), ray_head_service(run), *missing]
             created, errors = await apply_changed(context, wanted, children)
-        ready, _ = ray_state(kuberay, children.get(("RayCluster", run.name)), pods, len(ray_pods(run, spec)))
+        ready, _ = ray_state(kuberay, children.get(("RayCluster", run.name)), pods, ray_pod_names(run, spec))
         if ready and not any(p.name == lb.driver_name(run.name) and not p.terminating for p in pods):
             driver, driver_errors = await apply_changed(context, [driver_pod(run, spec, kuberay)], children)
             created, errors = created + driver, errors + driver_errors

@@ -128,22 +128,17 @@ def pool_status(
     ready = sum(1 for p in live if p.ready)
     unschedulable = [p for p in live if p.unschedulable]
     desired = observed.desired
-    if desired == 0 and not live:
-        ready_condition = Condition(PoolCondition.READY, True, "ScaledToZero", "spec.replicas is 0")
-    elif ready >= desired and len(live) == desired:
-        ready_condition = Condition(
-            PoolCondition.READY, True, "AllReplicasReady", f"{ready}/{desired} sandbox pods ready"
-        )
-    else:
-        ready_condition = Condition(
-            PoolCondition.READY, False, "ReplicasNotReady", f"{ready}/{desired} sandbox pods ready"
-        )
+    ready_condition = _ready(live, desired, observed.plan)
     if observed.plan.waiting_on:
+        held = observed.plan.waiting_on
+        waiting = ", ".join(held[:8]) + (" ..." if len(held) > 8 else "")
+        by = observed.plan.deadline
         scaling = Condition(
             PoolCondition.SCALING,
             True,
             "Draining",
-            f"scaling down to {desired}: waiting for sessions on {', '.join(observed.plan.waiting_on[:8])}",
+            f"scaling down to {desired}: waiting for sessions on {waiting}"
+            + (f"; the scale-down goes on by {rfc3339(by)} whether or not they end" if by else ""),
         )
     elif len(live) < desired or observed.statefulset_replicas < desired:
         scaling = Condition(
@@ -175,6 +170,25 @@ def pool_status(
         now=now,
     )
     return status
+
+
+def _ready(live: Sequence[PodView], desired: int, plan: DrainPlan) -> Condition:
+    """Ready, counting the pods of the desired set (ordinals below spec.replicas) against spec.replicas:
+    while a scale-down is under way the pods above it still run, and are told apart rather than counted
+    as ready replicas ("32/1 ready")."""
+    if desired == 0 and not live:
+        return Condition(PoolCondition.READY, True, "ScaledToZero", "spec.replicas is 0")
+    kept = [p for p in live if p.ordinal is not None and p.ordinal < desired]
+    ready = sum(1 for p in kept if p.ready)
+    message = f"{ready}/{desired} sandbox pods ready"
+    if extra := len(live) - len(kept):
+        draining = len(plan.waiting_on)
+        message += f"; {extra} more being removed by the scale-down" + (
+            f" ({draining} of them draining their sessions)" if draining else ""
+        )
+    if ready >= desired and len(live) == desired:
+        return Condition(PoolCondition.READY, True, "AllReplicasReady", message)
+    return Condition(PoolCondition.READY, False, "ReplicasNotReady", message)
 
 
 def _load_reported(loads: Sequence[PodLoad] | None) -> Condition:
@@ -494,12 +508,10 @@ POOL_STEPS: tuple[PoolStep, ...] = (
 )
 
 
-def next_pass(p: PoolPass, held: float | None) -> float | None:
+def next_pass(p: PoolPass, held: float | None, retry: float | None) -> float | None:
     """Seconds until the pool needs another pass (pure); `held`: a status write the rate limit held
-    back."""
-    waits = [held] if held is not None else []
-    if p.errors:
-        waits.append(p.context.queue.error_backoff)
+    back; `retry`: the backoff after a refused apply (the work queue's, per pool)."""
+    waits = [wait for wait in (held, retry) if wait is not None]
     if p.plan.draining:
         waits.append(DRAIN_POLL_SECONDS)
     if p.spec.autoscaling is not None or p.missing:
@@ -515,4 +527,8 @@ async def _conclude(p: PoolPass) -> float | None:
         generation, p.desired, p.plan.statefulset_replicas, p.pods, p.loads, p.plan, p.problems, p.warnings
     )
     status = pool_status(p.pool, observed, p.body.get("status") or {}, p.now)
-    return next_pass(p, await _write_status(p.context, p.body, status, p.ref))
+    held = await _write_status(p.context, p.body, status, p.ref)
+    # A refused apply: the work queue's per-key backoff, as after a pass that raised, at most a sync
+    # period (a quota or RBAC fixed later shows in no watch event).
+    retry = p.context.queue.failed(p.key, at_most=p.context.config.sync_period) if p.errors else None
+    return next_pass(p, held, retry)

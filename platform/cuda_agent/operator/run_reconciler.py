@@ -558,10 +558,16 @@ def run_state(p: RunPass) -> RunState:
     )  # fmt: skip
 
 
+def retry_after_error(context: OperatorContext, key: Key) -> float:
+    """When to look again after an error this pass handled itself (a refused apply or write): the work
+    queue's per-key exponential backoff, as after a pass that raised, but at most --sync-period (a quota
+    or RBAC fixed later shows in no watch event)."""
+    return context.queue.failed(key, at_most=context.config.sync_period)
+
+
 def next_pass(p: RunPass) -> float | None:
-    """Seconds until the run needs another pass, after a pass whose writes went through (pure)."""
-    if p.errors:
-        return p.context.queue.error_backoff
+    """Seconds until the run needs another pass, after a pass whose writes went through and whose
+    applies were not refused (pure)."""
     if p.newly_ended:
         return 0.0  # now remove the compute
     if p.suspend == "checkpointing":
@@ -573,13 +579,13 @@ async def _conclude(p: RunPass) -> float | None:
     """The record (one annotation write when it changed), then one status write from what runs now."""
     context = p.context
     if not await _write_record(context, p.body, p.ref, p.annotations, p.record, p.problems):
-        return context.queue.error_backoff
+        return retry_after_error(context, p.key)
     start = rfc3339(p.record.started_at) if p.record.started_at else None
     generation = int(p.body["metadata"].get("generation", 0))
     state = run_state(p)
     if not await _write_status(context, p.body, p.ref, state, generation, p.now, start, p.created, p.removed):
-        return context.queue.error_backoff  # never at once: a refused write is refused again
-    return next_pass(p)
+        return retry_after_error(context, p.key)
+    return retry_after_error(context, p.key) if p.errors else next_pass(p)
 
 
 def timed(
@@ -621,10 +627,11 @@ async def _unreadable(
     state = RunState(blocked, None, "", False, "", driver, "", step, 0, failure=failed)
     record = replace(record, started_at=None, waiting_since=None)
     generation = int(body["metadata"].get("generation", 0))
+    key = (ref.kind, ref.namespace, ref.name)
     if not await _write_record(context, body, ref, annotations, record, problems):
-        return context.queue.error_backoff
+        return retry_after_error(context, key)
     if not await _write_status(context, body, ref, state, generation, now, None, removed=removed):
-        return context.queue.error_backoff
+        return retry_after_error(context, key)
     return context.config.sync_period
 
 
@@ -860,15 +867,20 @@ async def _write_status(
             log.warning("status of TrainingRun %s/%s not written: %s", ref.namespace, ref.name, error)
             return False
         context.wrote(key, body, answer, status=status)
-        events = condition_events(previous, status, _is_problem)
-        if "phase" in changes:  # the phase's Event tells what its condition's Event would repeat
-            events = [e for e in events if e.reason != str(phase)]
-            driving = find(status["conditions"], PHASE_CONDITION.get(phase, ""))
-            detail = f"{driving.get('reason')}: {driving.get('message')}" if driving else ""
-            events.insert(0, Event(phase == RunPhase.FAILED, str(phase), f"phase {phase}: {detail}"))
-        await post(context, body, events)
+        await post(context, body, run_events(previous, status))
     log_pass(ref.kind, ref.namespace, ref.name, created=list(created), removed=list(removed), **changes)
     return True
+
+
+def run_events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Event]:
+    """One Event per condition transition (pure); a new phase is told on the Event of the condition
+    behind it (its message starts "phase P;"), which is posted even when that condition did not change,
+    rather than as an Event of its own that would repeat it."""
+    phase = status.get("phase")
+    new = phase != previous.get("phase")
+    behind = next((str(kind) for each, kind in PHASE_CONDITION.items() if new and each == phase), None)
+    events = condition_events(previous, status, _is_problem, also=behind)
+    return [replace(e, message=f"phase {phase}; {e.message}") if e.condition == behind else e for e in events]
 
 
 def _foreign(before: object, after: Sequence[Mapping[str, Any]]) -> bool:

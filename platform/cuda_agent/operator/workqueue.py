@@ -7,8 +7,9 @@ pass can ask to be run again after a delay (autoscaler period, drain wait, error
 A pass that raises is retried after a per-key exponential backoff, as client-go's
 ItemExponentialFailureRateLimiter with the default controller limiter's numbers: 5 ms after the first
 failure, doubling with each further failure of that key, at most 1000 s; a pass that returns resets the
-key's count (client-go's Forget). A watch event still marks the key dirty at once, so a backed-off key
-whose object changes is reconciled without waiting out its delay.
+key's count (client-go's Forget), unless it handled an error itself and asked for its retry through
+`failed` (it then counts as a failure too). A watch event still marks the key dirty at once, so a
+backed-off key whose object changes is reconciled without waiting out its delay.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ Reconcile = Callable[[Key], Awaitable[float | None]]
 class WorkQueue:
     """Dirty keys wait `settle` seconds before a pass, so a burst of events collapses into one.
 
-    `error_backoff` is the fixed delay a reconciler asks for itself after an error it handled (a refused
-    write); `failure_base` .. `failure_max` bound the per-key backoff after a pass that raised."""
+    `failure_base` .. `failure_max` bound the per-key backoff after a pass that raised, or that handled an
+    error itself and said so (`failed`)."""
 
     settle: float = 0.2
-    error_backoff: float = 5.0
     failure_base: float = 0.005
     failure_max: float = 1000.0
     _failures: dict[Key, int] = field(default_factory=dict)
+    _handled: set[Key] = field(default_factory=set)  # keys whose running pass called failed()
     _dirty: set[Key] = field(default_factory=set)
     _queue: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
     _active: set[Key] = field(default_factory=set)
@@ -85,6 +86,15 @@ class WorkQueue:
             return self.failure_max
         return float(min(self.failure_base * 2**failures, self.failure_max))
 
+    def failed(self, key: Key, at_most: float | None = None) -> float:
+        """For a pass of `key` that handled an error itself (a refused write) and returns normally: the
+        delay to ask for, the same per-key backoff as after a raise (at most `at_most`), and the pass
+        counts as a failure, so the next one in a row waits twice as long (controller-runtime's
+        `return result, err`)."""
+        self._handled.add(key)
+        delay = self.retry_delay(key)
+        return delay if at_most is None else min(delay, at_most)
+
     def failures(self, key: Key) -> int:
         """Passes of `key` that raised in a row (0 once one returns)."""
         return self._failures.get(key, 0)
@@ -104,7 +114,10 @@ class WorkQueue:
             self._active.add(key)
             try:
                 requeue = await reconcile(key)
-                self._failures.pop(key, None)
+                if key in self._handled:
+                    self._failures[key] = self._failures.get(key, 0) + 1
+                else:
+                    self._failures.pop(key, None)
             except Exception:  # a bug or an outage must not kill the worker: log, back off, retry
                 requeue = self.retry_delay(key)
                 self._failures[key] = self._failures.get(key, 0) + 1
@@ -115,6 +128,7 @@ class WorkQueue:
                     requeue,
                 )
             finally:
+                self._handled.discard(key)
                 self._active.discard(key)
                 if key in self._dirty:
                     self._queue.put_nowait(key)
