@@ -27,7 +27,7 @@ def _lint(*args: str) -> subprocess.CompletedProcess[str]:
 def test_every_import_keeps_the_contracts() -> None:
     result = _lint()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 5 kept, 0 broken." in result.stdout, result.stdout
+    assert "Contracts: 6 kept, 0 broken." in result.stdout, result.stdout
 
 
 def test_a_broken_rule_fails_and_names_the_import(tmp_path: Path) -> None:
@@ -50,3 +50,27 @@ def test_a_broken_rule_fails_and_names_the_import(tmp_path: Path) -> None:
     assert "Contracts: 0 kept, 3 broken." in result.stdout, result.stdout
     for source, forbidden in rules.values():
         assert f"{source} -> {forbidden} (l." in result.stdout, result.stdout
+
+
+def test_the_operator_role_layers_catch_an_upward_import(tmp_path: Path) -> None:
+    """The operator's role layers (contract operator-roles): with a reconciler placed below the pass context
+    it imports, the layers contract reports that import. Also: the kept contract lists every module of the
+    operator (exhaustive), so a new module must be given a role."""
+    config = tmp_path / "layers.ini"
+    config.write_text(
+        "[importlinter]\nroot_packages =\n    cuda_agent\n\n"
+        "[importlinter:contract:upside-down]\nname = upside-down\ntype = layers\n"
+        "containers =\n    cuda_agent.operator\nlayers =\n    context\n    run_reconciler\n"
+    )
+    result = _lint("--config", str(config))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "cuda_agent.operator.run_reconciler -> cuda_agent.operator.context" in result.stdout, result.stdout
+
+    config.write_text(
+        "[importlinter]\nroot_packages =\n    cuda_agent\n\n"
+        "[importlinter:contract:missing]\nname = missing\ntype = layers\nexhaustive = true\n"
+        "containers =\n    cuda_agent.operator\nlayers =\n    cli\n    handlers\n"
+    )
+    result = _lint("--config", str(config))
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "run_reconciler" in result.stdout + result.stderr, result.stdout + result.stderr
