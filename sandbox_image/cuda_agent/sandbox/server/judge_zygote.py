@@ -20,15 +20,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import importlib
 import json
 import os
 import selectors
 import socket
+import stat
 import sys
 import threading
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 # Imported before any request: what every judge and every worker would otherwise import itself
@@ -231,13 +234,101 @@ def _cuda_problem_here(compile_too: bool) -> str:
     return f"ok {draws[0]!r}"
 
 
-def _warm_cpu_isa() -> None:
-    """Inductor's CPU ISA probe compiles test programs (seconds) once per process; done here, every judge
-    inherits the answer. Host facts only, no candidate input."""
+def _warm_cpu_isa(answers: Path | None = None) -> None:
+    """Inductor's CPU ISA probe builds test programs and loads each in a fresh `python -c "import torch
+    ..."` (10 checks on an AMX host: ~40 s of 2 cores) once per process; done here, every judge inherits the
+    answer. Each check's outcome is a host fact (CPU, compiler, torch, interpreter), so the outcomes are also
+    kept per host key in the zygote user's cache (`answers`): during this warm-up, a check already answered
+    on this host is not run again, and the probe's code (and what it records, such as AVX512-BF16) runs
+    unchanged on the kept outcomes. A missing or untrusted file (not ours, writable by others) means
+    checking as before. No candidate input is read."""
     with contextlib.suppress(Exception):
         from torch._inductor import cpu_vec_isa
 
-        cpu_vec_isa.valid_vec_isa_list()
+        path = _isa_answer_path(ISA_ANSWERS if answers is None else answers)
+        kept = (_read_isa_answer(path) if path is not None else None) or {}
+        known = dict(kept)
+        check_build = cpu_vec_isa.VecISA.check_build
+
+        def remembered(isa: Any, code: str) -> bool:
+            key = hashlib.sha256(f"{isa._arch_flags}\0{code}".encode()).hexdigest()
+            if key not in known:
+                known[key] = bool(check_build(isa, code))
+            return known[key]
+
+        cpu_vec_isa.VecISA.check_build = remembered  # type: ignore[method-assign,assignment]
+        try:
+            cpu_vec_isa.valid_vec_isa_list()
+        finally:
+            cpu_vec_isa.VecISA.check_build = check_build  # type: ignore[method-assign]
+        if path is not None and known != kept:
+            _write_isa_answer(path, known)
+
+
+ISA_ANSWERS = Path.home() / ".cache" / "cuda-agent" / "inductor-cpu-isa"
+
+
+def _isa_answer_path(answers: Path) -> Path | None:
+    """One file per host key: what decides a check's outcome (the CPU's flags, the C++ compiler and its
+    file, torch's version and place, the interpreter)."""
+    import platform
+    import shutil
+
+    import torch
+    from torch._inductor import cpp_builder, cpu_vec_isa
+
+    try:
+        found = shutil.which(cpp_builder.get_cpp_compiler())
+        if found is None:
+            return None
+        binary = Path(found).resolve()
+        cpu = cpu_vec_isa.x86_isa_checker() if platform.machine() in ("x86_64", "AMD64") else []
+        key = json.dumps(
+            [
+                sys.platform,
+                platform.machine(),
+                sorted(cpu),
+                str(binary),
+                binary.stat().st_mtime_ns,
+                torch.__version__,
+                torch.__file__,
+                sys.executable,
+            ]
+        )
+    except Exception:  # no answer kept: the warm-up checks as before
+        return None
+    return answers / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def _read_isa_answer(path: Path) -> dict[str, bool] | None:
+    """The kept outcomes, only from a file that this user owns and nobody else may write, below folders
+    that only this user or root can change (a root-owned sticky folder such as /tmp counts: nobody else may
+    rename what is in it), with no link on the way."""
+    try:
+        for place in (path, *path.parents):
+            info = place.stat(follow_symlinks=False)
+            sticky_root = info.st_uid == 0 and info.st_mode & stat.S_ISVTX and place != path
+            if info.st_uid not in (os.geteuid(), 0) or place.is_symlink():
+                return None
+            if info.st_mode & 0o022 and not sticky_root:
+                return None
+        if path.stat(follow_symlinks=False).st_uid != os.geteuid():
+            return None
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, bool) for v in value.values()):
+        return None
+    return {str(k): v for k, v in value.items()}
+
+
+def _write_isa_answer(path: Path, outcomes: dict[str, bool]) -> None:
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(outcomes, sort_keys=True))
+        partial.chmod(0o600)
+        os.replace(partial, path)
 
 
 def _warm_inductor_keys() -> None:
