@@ -28,15 +28,18 @@ def check_build(self, code):
     ran.append(str(self))
     return str(self) not in failing
 cpu_vec_isa.VecISA.check_build = check_build
-judge_zygote._warm_cpu_isa(Path(sys.argv[1]))
+judge_zygote._warm_cpu_isa(None if sys.argv[1] == "-" else Path(sys.argv[1]))
 isas = cpu_vec_isa.valid_vec_isa_list()
 print(json.dumps({"ran": ran, "isas": [[str(isa), isa.build_arch_flags()] for isa in isas]}))
 """
 
 
-def _zygote_warm_up(answers: Path, failing: tuple[str, ...] = ()) -> dict[str, list[object]]:
+def _zygote_warm_up(
+    answers: Path | None, failing: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> dict[str, list[object]]:
     done = subprocess.run(
-        [sys.executable, "-c", CASE, str(answers), json.dumps(list(failing))],
+        [sys.executable, "-c", CASE, "-" if answers is None else str(answers), json.dumps(list(failing))],
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -44,18 +47,6 @@ def _zygote_warm_up(answers: Path, failing: tuple[str, ...] = ()) -> dict[str, l
     )
     found: dict[str, list[object]] = json.loads(done.stdout.strip().splitlines()[-1])
     return found
-
-
-def test_kept_outcomes_replace_the_checks_and_give_the_same_isas(tmp_path: Path) -> None:
-    answers = tmp_path / "isa"
-    first = _zygote_warm_up(answers)
-    if not first["ran"]:
-        pytest.skip("inductor checks no vector ISA on this machine")
-    [kept] = list(answers.iterdir())
-    assert kept.stat().st_mode & 0o077 == 0
-    second = _zygote_warm_up(answers)
-    assert second["ran"] == []
-    assert second["isas"] == first["isas"]
 
 
 def test_a_failed_check_is_kept_as_failed_and_an_answer_others_may_write_is_ignored(tmp_path: Path) -> None:
@@ -73,3 +64,31 @@ def test_a_failed_check_is_kept_as_failed_and_an_answer_others_may_write_is_igno
     planted = _zygote_warm_up(answers)
     assert set(planted["ran"]) == set(first["ran"])  # checked as before
     assert "avx2" in [name for name, _ in planted["isas"]]  # type: ignore[misc]
+
+
+def test_a_session_servers_zygote_keeps_them_in_the_server_users_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server gives its zygote a private HOME; the outcomes go to the server user's own cache, named in
+    the zygote's environment, so every server of this user on this host shares them."""
+    from cuda_agent.sandbox.server.config import SandboxServerConfig
+    from cuda_agent.sandbox.server.isolation import Isolation
+    from cuda_agent.sandbox.server.judge_runner import JudgeService
+    from cuda_agent.sandbox.server.judge_zygote import ISA_ANSWERS_ENV
+    from cuda_agent.sandbox.server.metrics import Metrics
+
+    monkeypatch.setenv("HOME", str(tmp_path / "server-home"))
+    config = SandboxServerConfig(state_dir=tmp_path / "state", isolation="restricted", user_namespaces="off")
+    service = JudgeService(config, Isolation(config, "restricted", private_mounts=False), Metrics(), 0)
+    zygote_env = service.zygote_env()
+    answers = tmp_path / "server-home" / ".cache" / "cuda-agent" / "inductor-cpu-isa"
+    assert zygote_env["HOME"] != str(tmp_path / "server-home")
+    assert zygote_env[ISA_ANSWERS_ENV] == str(answers)
+
+    first = _zygote_warm_up(None, env={**os.environ, ISA_ANSWERS_ENV: str(answers)})
+    if not first["ran"]:
+        pytest.skip("inductor checks no vector ISA on this machine")
+    [kept] = list(answers.iterdir())
+    assert kept.stat().st_mode & 0o077 == 0
+    again = _zygote_warm_up(None, env={**os.environ, ISA_ANSWERS_ENV: str(answers)})
+    assert again["ran"] == [] and again["isas"] == first["isas"]

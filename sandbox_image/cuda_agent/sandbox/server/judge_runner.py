@@ -45,7 +45,7 @@ from cuda_agent.api.sandbox import MAX_CANDIDATE_FILES
 from cuda_agent.sandbox.gpu_lock import GPU_LOCK_ENV, GpuTicketLock
 from cuda_agent.sandbox.server.config import SandboxServerConfig, default_judge_command
 from cuda_agent.sandbox.server.isolation import Isolation, Slot, kill_group, kill_uid_processes
-from cuda_agent.sandbox.server.judge_zygote import JudgeZygote, ZygoteError
+from cuda_agent.sandbox.server.judge_zygote import ISA_ANSWERS_ENV, JudgeZygote, ZygoteError
 from cuda_agent.sandbox.server.metrics import Metrics
 from cuda_agent.sandbox.server.models import Device, JudgeOptions, JudgeResult, JudgeRun, JudgeStage
 from cuda_agent.sandbox.server.procs import end_group, spawn
@@ -328,7 +328,12 @@ class JudgeService:
             return self.zygote
 
     def zygote_env(self) -> dict[str, str]:
-        return self._process_env(str(self.zygote_dir))
+        """The judges' environment, plus where the zygote keeps inductor's CPU ISA check outcomes: the
+        server user's own cache, not the zygote's private HOME, so that every server of this user on this
+        host shares them (judge_zygote._warm_cpu_isa)."""
+        env = self._process_env(str(self.zygote_dir))
+        env[ISA_ANSWERS_ENV] = str(Path.home() / ".cache" / "cuda-agent" / "inductor-cpu-isa")
+        return env
 
     def _process_env(self, home: str) -> dict[str, str]:
         """What every judge process starts with, the zygote included: the allowlisted environment, the

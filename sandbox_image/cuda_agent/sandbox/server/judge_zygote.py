@@ -238,14 +238,17 @@ def _warm_cpu_isa(answers: Path | None = None) -> None:
     """Inductor's CPU ISA probe builds test programs and loads each in a fresh `python -c "import torch
     ..."` (10 checks on an AMX host: ~40 s of 2 cores) once per process; done here, every judge inherits the
     answer. Each check's outcome is a host fact (CPU, compiler, torch, interpreter), so the outcomes are also
-    kept per host key in the zygote user's cache (`answers`): during this warm-up, a check already answered
-    on this host is not run again, and the probe's code (and what it records, such as AVX512-BF16) runs
-    unchanged on the kept outcomes. A missing or untrusted file (not ours, writable by others) means
-    checking as before. No candidate input is read."""
+    kept per host key in the zygote user's cache (`answers`; a session server names its own user's cache
+    in CUDA_AGENT_ISA_ANSWERS, the zygote's HOME being private to that server): during this warm-up, a
+    check already answered on this host is not run again, and the probe's code (and what it records,
+    such as AVX512-BF16) runs unchanged on the kept outcomes. A missing or untrusted file (not ours,
+    writable by others) means checking as before. No candidate input is read."""
     with contextlib.suppress(Exception):
         from torch._inductor import cpu_vec_isa
 
-        path = _isa_answer_path(ISA_ANSWERS if answers is None else answers)
+        if answers is None:
+            answers = Path(os.environ[ISA_ANSWERS_ENV]) if ISA_ANSWERS_ENV in os.environ else ISA_ANSWERS
+        path = _isa_answer_path(answers)
         kept = (_read_isa_answer(path) if path is not None else None) or {}
         known = dict(kept)
         check_build = cpu_vec_isa.VecISA.check_build
@@ -266,6 +269,8 @@ def _warm_cpu_isa(answers: Path | None = None) -> None:
 
 
 ISA_ANSWERS = Path.home() / ".cache" / "cuda-agent" / "inductor-cpu-isa"
+# A session server names its own user's cache here: the zygote's HOME is private to that server.
+ISA_ANSWERS_ENV = "CUDA_AGENT_ISA_ANSWERS"
 
 
 def _isa_answer_path(answers: Path) -> Path | None:
