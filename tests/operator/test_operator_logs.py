@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Iterator
 
+import kopf
 import pytest
 
 from cuda_agent.operator.cli import configure_operator_logging
@@ -20,12 +21,12 @@ from cuda_agent.operator.events import log_pass
 
 @pytest.fixture(autouse=True)
 def restore_root_logger() -> Iterator[None]:
-    root, kopf = logging.getLogger(), logging.getLogger("kopf.objects")
-    saved = (root.level, list(root.handlers), kopf.level)
+    root, objects = logging.getLogger(), logging.getLogger("kopf.objects")
+    saved = (root.level, list(root.handlers), objects.level)
     yield
     root.setLevel(saved[0])
     root.handlers[:] = saved[1]
-    kopf.setLevel(saved[2])
+    objects.setLevel(saved[2])
 
 
 def test_a_pass_is_one_json_line_with_its_changes_as_fields(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,16 +38,19 @@ def test_a_pass_is_one_json_line_with_its_changes_as_fields(monkeypatch: pytest.
     log_pass("TrainingRun", "team-a", "tr-1", **changes)
     log_pass("TrainingRun", "team-a", "tr-1")  # a quiet pass logs nothing
     # Kopf's object loggers add `settings` and `k8s_skip` to each record; neither is a field of the line.
+    # Real settings with k8s_skip set: Kopf's own K8sPoster, which an earlier in-process operator test in
+    # the same worker may have left on the kopf loggers, reads `settings.posting` and must post nothing.
     logging.getLogger("kopf.objects").warning(
-        "Handler failed", extra={"settings": object(), "k8s_skip": False, "k8s_ref": {"name": "tr-1"}}
+        "Handler failed",
+        extra={"settings": kopf.OperatorSettings(), "k8s_skip": True, "k8s_ref": {"name": "tr-1"}},
     )
-    reconciled, kopf = (json.loads(line) for line in stream.getvalue().splitlines())
+    reconciled, kopf_line = (json.loads(line) for line in stream.getvalue().splitlines())
     assert reconciled["logger"] == "cuda_agent.operator.reconcile" and reconciled["level"] == "INFO"
     assert reconciled["message"] == "reconciled TrainingRun team-a/tr-1"
     assert reconciled["k8s_ref"] == {"kind": "TrainingRun", "namespace": "team-a", "name": "tr-1"}
     assert reconciled["phase"] == "Queued" and reconciled["conditions"] == ["Admitted=False/Queued"]
     assert "removed" not in reconciled  # unchanged fields are not logged
-    assert set(kopf) == {"time", "level", "logger", "message", "k8s_ref"}
+    assert set(kopf_line) == {"time", "level", "logger", "message", "k8s_ref"}
     assert logging.getLogger().level == logging.INFO
     assert logging.getLogger("kopf.objects").level == logging.WARNING  # its per-handler INFO lines off
 
