@@ -5,7 +5,7 @@ cuda_agent.telemetry (which the operator imports for logs and traces) registers 
 loop's families in prometheus_client's default registry; served from there, the operator exported them as
 constant zeros. The operator now serves a registry of its own: scraped here over HTTP from the same
 `serve_metrics` call the operator's startup makes, with a real WorkQueue read at scrape time as the
-operator's startup wires it (`watch_queue`)."""
+operator's startup wires it (`watch_queue`, `WorkQueueMetrics`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import cuda_agent.telemetry  # noqa: F401  (the trainer's families, registered in the default registry)
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator import metrics
-from cuda_agent.operator.workqueue import WorkQueue
+from cuda_agent.operator.workqueue import Key, WorkQueue
 from cuda_agent.telemetry.metrics import serve_metrics
 
 # What controller-runtime's dashboards and alerts query (kube-prometheus, Operator SDK).
@@ -28,6 +28,13 @@ CONTROLLER_RUNTIME = {
     "controller_runtime_active_workers": "gauge",
     "controller_runtime_max_concurrent_reconciles": "gauge",
     "workqueue_depth": "gauge",
+    # client-go's work-queue families (controller-runtime registers them for its queues)
+    "workqueue_adds": "counter",
+    "workqueue_retries": "counter",
+    "workqueue_queue_duration_seconds": "histogram",
+    "workqueue_work_duration_seconds": "histogram",
+    "workqueue_unfinished_work_seconds": "gauge",
+    "workqueue_longest_running_processor_seconds": "gauge",
 }
 
 
@@ -49,7 +56,7 @@ def test_controller_runtime_names_per_controller() -> None:
             queue.add(key)
 
     asyncio.run(mark_dirty())
-    metrics.watch_queue([lb.POOL_KIND, lb.RUN_KIND], 4, queue.depth_of, queue.active_of)
+    metrics.watch_queue([lb.POOL_KIND, lb.RUN_KIND], 4, queue)
     metrics.RECONCILES.labels("trainingrun", metrics.SUCCESS).inc()
     metrics.RECONCILES.labels("trainingrun", metrics.REQUEUE_AFTER).inc()
     metrics.RECONCILES.labels("sandboxpool", metrics.ERROR).inc()
@@ -75,6 +82,93 @@ def test_controller_runtime_names_per_controller() -> None:
     assert value("workqueue_depth", name="sandboxpool") == 1
     assert value("controller_runtime_active_workers", controller="trainingrun") == 0
     assert value("controller_runtime_max_concurrent_reconciles", controller="sandboxpool") == 4
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(text: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def read(scraped: Samples, sample: str, name: str) -> float:
+    return scraped.get((sample, (("name", name),)), 0.0)
+
+
+def test_work_queue_families_follow_the_real_queue() -> None:
+    """A real WorkQueue with the operator's WorkQueueMetrics and two workers, read from /metrics text: a
+    run key added five times before its pass is one add, one wait and one pass; while that pass runs the
+    unfinished-work and longest-running gauges count its seconds, and both are 0 once it ends. A pool key
+    whose first pass handles its error (`failed`) and second raises is retried twice: three adds, three
+    passes."""
+    run: Key = (lb.RUN_KIND, "ns", "wq-run")
+    pool: Key = (lb.POOL_KIND, "ns", "wq-pool")
+    settle, run_pass = 0.05, 0.4
+
+    async def scenario() -> tuple[Samples, Samples, Samples]:
+        queue = WorkQueue(settle=settle, failure_base=0.01, metrics=metrics.WorkQueueMetrics())
+        metrics.watch_queue([lb.POOL_KIND, lb.RUN_KIND], 2, queue)
+        before = samples(await asyncio.to_thread(scrape))
+        queue.open()
+        pool_passes = [0]
+        running = asyncio.Event()
+
+        async def reconcile(key: Key) -> float | None:
+            if key == run:
+                running.set()
+                await asyncio.sleep(run_pass)
+                return None
+            pool_passes[0] += 1
+            if pool_passes[0] == 1:
+                return queue.failed(key)  # e.g. a refused apply, reported in the status
+            if pool_passes[0] == 2:
+                raise RuntimeError("apiserver went away")
+            return None
+
+        workers = [asyncio.create_task(queue.work(reconcile)) for _ in range(2)]
+        for _ in range(5):
+            queue.add(run)
+        queue.add(pool)
+        await running.wait()
+        await asyncio.sleep(run_pass / 2)
+        during = samples(await asyncio.to_thread(scrape))
+        await asyncio.sleep(run_pass)
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        queue.cancel_timers()
+        return before, during, samples(scrape())
+
+    before, during, after = asyncio.run(scenario())
+
+    def delta(sample: str, name: str) -> float:
+        return read(after, sample, name) - read(before, sample, name)
+
+    assert read(during, "workqueue_unfinished_work_seconds", "trainingrun") >= run_pass / 2
+    assert read(during, "workqueue_longest_running_processor_seconds", "trainingrun") >= run_pass / 2
+    assert read(after, "workqueue_unfinished_work_seconds", "trainingrun") == 0
+    assert read(after, "workqueue_longest_running_processor_seconds", "trainingrun") == 0
+    assert delta("workqueue_adds_total", "trainingrun") == 1  # five adds before the pass: one key
+    assert delta("workqueue_queue_duration_seconds_count", "trainingrun") == 1
+    assert delta("workqueue_queue_duration_seconds_sum", "trainingrun") >= settle  # waited out the settle
+    assert delta("workqueue_work_duration_seconds_count", "trainingrun") == 1
+    assert delta("workqueue_work_duration_seconds_sum", "trainingrun") >= run_pass
+    assert delta("workqueue_retries_total", "trainingrun") == 0
+    assert delta("workqueue_retries_total", "sandboxpool") == 2  # the handled error and the raise
+    assert delta("workqueue_adds_total", "sandboxpool") == 3  # the event and two retries
+    assert delta("workqueue_work_duration_seconds_count", "sandboxpool") == 3
+    assert delta("workqueue_queue_duration_seconds_count", "sandboxpool") == 3
+    # client-go's buckets: 10 ns to 10 s, tenfold
+    buckets = sorted(
+        float(dict(labels)["le"])
+        for (sample, labels) in after
+        if sample == "workqueue_work_duration_seconds_bucket" and ("name", "trainingrun") in labels
+    )
+    assert buckets == [1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, float("inf")]
 
 
 def test_operator_endpoint_serves_operator_and_process_families_only() -> None:

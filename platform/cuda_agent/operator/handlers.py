@@ -32,6 +32,7 @@ from cuda_agent.operator.metrics import (
     RECONCILE_SECONDS,
     RECONCILES,
     REGISTRY,
+    WorkQueueMetrics,
     controller_name,
     reconcile_result,
     watch_queue,
@@ -158,7 +159,7 @@ async def start_workers(memo: kopf.Memo, **kwargs: Any) -> None:
     """Connect the API client and start the queue's workers; the indexes arrive as kwargs by id."""
     config = memo.config
     kube = await Kube.connect(config.kubeconfig)
-    memo.queue = WorkQueue(settle=config.settle_seconds)
+    memo.queue = WorkQueue(settle=config.settle_seconds, metrics=WorkQueueMetrics())
     memo.context = OperatorContext(
         config=config,
         kube=kube,
@@ -172,7 +173,7 @@ async def start_workers(memo: kopf.Memo, **kwargs: Any) -> None:
         asyncio.create_task(memo.queue.work(_dispatcher(memo.context)), name=f"reconcile-worker-{i}")
         for i in range(config.workers)
     ]
-    watch_queue(OWNERS, config.workers, memo.queue.depth_of, memo.queue.active_of)
+    watch_queue(OWNERS, config.workers, memo.queue)
     QUEUED_RUNS.set_function(lambda: len(memo.context.queued_runs))
     if config.metrics_port:
         memo.metrics_server = serve_metrics(config.metrics_port, registry=REGISTRY)

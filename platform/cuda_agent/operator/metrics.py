@@ -3,11 +3,15 @@
 Reconcile passes, their durations and the work queue carry the names controller-runtime exports
 (`controller_runtime_reconcile_total{controller,result}`, `controller_runtime_reconcile_errors_total`,
 `controller_runtime_reconcile_time_seconds`, `controller_runtime_active_workers`,
-`controller_runtime_max_concurrent_reconciles`, `workqueue_depth{name}`), so the dashboards and alerts
-written for Go operators (kube-prometheus, the Operator SDK's) read this one unchanged. A controller is
-a kind, named as controller-runtime names it by default: the lowercase kind (`trainingrun`,
-`sandboxpool`); the work queue's `name` label is the controller's. Besides them, the TrainingRuns held
-in phase Queued (waiting for their whole gang of GPUs): whether runs are waiting for capacity.
+`controller_runtime_max_concurrent_reconciles`) and client-go's work-queue families (`workqueue_depth`,
+`workqueue_adds_total`, `workqueue_retries_total`, `workqueue_queue_duration_seconds`,
+`workqueue_work_duration_seconds`, `workqueue_unfinished_work_seconds`,
+`workqueue_longest_running_processor_seconds`, each by `name`), so the dashboards and alerts written for Go
+operators (kube-prometheus, the Operator SDK's) read this one unchanged. A controller is a kind, named as
+controller-runtime names it by default: the lowercase kind (`trainingrun`, `sandboxpool`); the work
+queue's `name` label is the controller's (one queue serves both kinds; each key is counted under its
+kind). Besides them, the TrainingRuns held in phase Queued (waiting for their whole gang of GPUs): whether
+runs are waiting for capacity.
 
 They live in a registry of their own (with the process's own collectors), not prometheus_client's default
 one: the operator imports cuda_agent.telemetry, whose trainer and agent-loop families register in the
@@ -17,8 +21,9 @@ default registry, and those must not appear here as constant zeros. Each process
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import partial
+from typing import Protocol
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -81,6 +86,47 @@ QUEUE_DEPTH = Gauge(
     ["name"],
     registry=REGISTRY,
 )
+# client-go's workqueue histograms: ExponentialBuckets(10e-9, 10, 10), 10 ns to 10 s.
+WORKQUEUE_BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+QUEUE_ADDS = Counter(
+    "workqueue_adds",
+    "Total number of adds handled by workqueue",
+    ["name"],
+    registry=REGISTRY,
+)
+QUEUE_RETRIES = Counter(
+    "workqueue_retries",
+    "Total number of retries handled by workqueue",
+    ["name"],
+    registry=REGISTRY,
+)
+QUEUE_LATENCY = Histogram(
+    "workqueue_queue_duration_seconds",
+    "How long in seconds an item stays in workqueue before being requested.",
+    ["name"],
+    buckets=WORKQUEUE_BUCKETS,
+    registry=REGISTRY,
+)
+WORK_DURATION = Histogram(
+    "workqueue_work_duration_seconds",
+    "How long in seconds processing an item from workqueue takes.",
+    ["name"],
+    buckets=WORKQUEUE_BUCKETS,
+    registry=REGISTRY,
+)
+UNFINISHED_WORK = Gauge(
+    "workqueue_unfinished_work_seconds",
+    "How many seconds of work has been done that is in progress and hasn't been observed by "
+    "work_duration. Large values indicate stuck threads.",
+    ["name"],
+    registry=REGISTRY,
+)
+LONGEST_RUNNING = Gauge(
+    "workqueue_longest_running_processor_seconds",
+    "How many seconds has the longest running processor for workqueue been running.",
+    ["name"],
+    registry=REGISTRY,
+)
 QUEUED_RUNS = Gauge(
     "cuda_agent_operator_queued_trainingruns",
     "TrainingRuns in phase Queued (their GPU gang does not fit).",
@@ -97,16 +143,46 @@ def reconcile_result(requeue: float | None) -> str:
     return SUCCESS if requeue is None else REQUEUE_AFTER
 
 
-def watch_queue(
-    kinds: Iterable[str],
-    workers: int,
-    depth: Callable[[str], int],
-    active: Callable[[str], int],
-) -> None:
+class QueueReadings(Protocol):
+    """What a scrape reads from the work queue, per kind (cuda_agent.operator.workqueue.WorkQueue)."""
+
+    def depth_of(self, kind: str) -> int: ...
+
+    def active_of(self, kind: str) -> int: ...
+
+    def unfinished_work_of(self, kind: str) -> float: ...
+
+    def longest_running_of(self, kind: str) -> float: ...
+
+
+class WorkQueueMetrics:
+    """The work queue's reports (its `metrics`) as client-go's workqueue families, under the key's
+    controller."""
+
+    def added(self, key: tuple[str, str, str]) -> None:
+        QUEUE_ADDS.labels(controller_name(key[0])).inc()
+
+    def retried(self, key: tuple[str, str, str]) -> None:
+        QUEUE_RETRIES.labels(controller_name(key[0])).inc()
+
+    def picked(self, key: tuple[str, str, str], waited: float) -> None:
+        QUEUE_LATENCY.labels(controller_name(key[0])).observe(waited)
+
+    def done(self, key: tuple[str, str, str], worked: float) -> None:
+        WORK_DURATION.labels(controller_name(key[0])).observe(worked)
+
+
+def watch_queue(kinds: Iterable[str], workers: int, queue: QueueReadings) -> None:
     """Read the work queue at scrape time, per controller: its depth, the workers in a pass over the
-    kind, and the most workers it may use (the operator's shared `--workers`)."""
+    kind, the seconds of work in progress and the oldest pass's age, and the most workers it may use (the
+    operator's shared `--workers`). The counters and histograms start at zero for each controller, as
+    client-go's do once a queue exists, so a rate over them is 0, not absent, before the first event."""
     for kind in kinds:
         name = controller_name(kind)
-        QUEUE_DEPTH.labels(name).set_function(partial(depth, kind))
-        ACTIVE_WORKERS.labels(name).set_function(partial(active, kind))
+        QUEUE_DEPTH.labels(name).set_function(partial(queue.depth_of, kind))
+        ACTIVE_WORKERS.labels(name).set_function(partial(queue.active_of, kind))
+        UNFINISHED_WORK.labels(name).set_function(partial(queue.unfinished_work_of, kind))
+        LONGEST_RUNNING.labels(name).set_function(partial(queue.longest_running_of, kind))
         MAX_CONCURRENT_RECONCILES.labels(name).set(workers)
+        for family in (QUEUE_ADDS, QUEUE_RETRIES, QUEUE_LATENCY, WORK_DURATION):
+            family.labels(name)
