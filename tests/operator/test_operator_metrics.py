@@ -10,13 +10,20 @@ operator's startup wires it (`watch_queue`, `WorkQueueMetrics`)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import urllib.request
+from pathlib import Path
 
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 import cuda_agent.telemetry  # noqa: F401  (the trainer's families, registered in the default registry)
 from cuda_agent.operator import labels as lb
 from cuda_agent.operator import metrics
+from cuda_agent.operator.kube import Kube, KubeError, Ref
 from cuda_agent.operator.workqueue import Key, WorkQueue
 from cuda_agent.telemetry.metrics import serve_metrics
 
@@ -35,6 +42,12 @@ CONTROLLER_RUNTIME = {
     "workqueue_work_duration_seconds": "histogram",
     "workqueue_unfinished_work_seconds": "gauge",
     "workqueue_longest_running_processor_seconds": "gauge",
+}
+
+# client-go's rest client families, for the operator's own requests to the apiserver.
+REST_CLIENT = {
+    "rest_client_requests": "counter",
+    "rest_client_request_duration_seconds": "histogram",
 }
 
 
@@ -173,7 +186,7 @@ def test_work_queue_families_follow_the_real_queue() -> None:
 
 def test_operator_endpoint_serves_operator_and_process_families_only() -> None:
     names = {family.name for family in text_string_to_metric_families(scrape())}
-    ours = {*CONTROLLER_RUNTIME, "cuda_agent_operator_queued_trainingruns"}
+    ours = {*CONTROLLER_RUNTIME, *REST_CLIENT, "cuda_agent_operator_queued_trainingruns"}
     assert ours <= names
     assert "process_cpu_seconds" in names  # the process's own collectors, as any exporter serves
     # (the text format lists a counter's and a histogram's `_created` samples as families of their own)
@@ -181,3 +194,86 @@ def test_operator_endpoint_serves_operator_and_process_families_only() -> None:
     foreign = sorted(n for n in names if n.startswith("cuda_agent_") and n not in ours_listed)
     assert foreign == []  # no cuda_agent_trainer_* / cuda_agent_episode* zeros
     assert not any(n.startswith("cuda_agent_operator_reconcile") for n in names)  # the old names are gone
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+def test_rest_client_families_count_the_operators_api_requests(tmp_path: Path) -> None:
+    """`Kube.connect` (the operator's API client, from a kubeconfig) against a stand-in apiserver on
+    127.0.0.1: an aiohttp app rather than the local control plane, because a 500 and a refused connection
+    are what this checks besides 200 and 404 (the cluster test reads these families from a real operator).
+    Each request counts once under client-go's names, by code, method and host:port; a request that got
+    no answer is code `<error>`; the latency histogram has client-go's buckets."""
+
+    async def config_map(request: web.Request) -> web.Response:
+        if request.match_info["name"] == "present":
+            return web.json_response({"kind": "ConfigMap", "metadata": {"name": "present"}})
+        return web.json_response({"kind": "Status", "message": "not found"}, status=404)
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "Status", "message": "etcd is down"}, status=500)
+
+    async def scenario() -> tuple[str, str, Samples, Samples]:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/ns/configmaps/{name}", config_map)
+        app.router.add_patch("/api/v1/namespaces/ns/configmaps/{name}", refuse)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        with socket.socket() as closed:  # a port nothing listens on
+            closed.bind(("127.0.0.1", 0))
+            gone = closed.getsockname()[1]
+        before = samples(await asyncio.to_thread(scrape))
+        kube = await Kube.connect(kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{port}"))
+        unreachable = await Kube.connect(kubeconfig(tmp_path / "gone", f"http://127.0.0.1:{gone}"))
+        try:
+            assert await kube.get(Ref("ConfigMap", "ns", "present")) is not None
+            assert await kube.get(Ref("ConfigMap", "ns", "present")) is not None
+            assert await kube.get(Ref("ConfigMap", "ns", "missing")) is None
+            with pytest.raises(KubeError, match="etcd is down"):
+                await kube.merge_patch(Ref("ConfigMap", "ns", "present"), {"data": {"a": "b"}})
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await unreachable.get(Ref("ConfigMap", "ns", "present"))
+        finally:
+            await kube.close()
+            await unreachable.close()
+            await runner.cleanup()
+        return f"127.0.0.1:{port}", f"127.0.0.1:{gone}", before, samples(await asyncio.to_thread(scrape))
+
+    host, gone, before, after = asyncio.run(scenario())
+
+    def delta(sample: str, **labels: str) -> float:
+        key = (sample, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("rest_client_requests_total", code="200", method="GET", host=host) == 2
+    assert delta("rest_client_requests_total", code="404", method="GET", host=host) == 1
+    assert delta("rest_client_requests_total", code="500", method="PATCH", host=host) == 1
+    assert delta("rest_client_requests_total", code="<error>", method="GET", host=gone) == 1
+    assert delta("rest_client_request_duration_seconds_count", verb="GET", host=host) == 3
+    assert delta("rest_client_request_duration_seconds_count", verb="PATCH", host=host) == 1
+    assert delta("rest_client_request_duration_seconds_count", verb="GET", host=gone) == 1
+    buckets = sorted(
+        float(dict(labels)["le"])
+        for (sample, labels) in after
+        if sample == "rest_client_request_duration_seconds_bucket"
+        and ("host", host) in labels
+        and ("verb", "GET") in labels
+    )
+    assert buckets == [0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, float("inf")]

@@ -14,10 +14,13 @@ import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from fixtures.cluster import KubeCluster
 from operator_harness import Namespace, OperatorProcess, metric, metric_value, pool_manifest, scrape, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 from test_run_cluster import artifacts_secret, run_manifest
 
 from cuda_agent.localhost import free_port
@@ -161,6 +164,22 @@ def test_two_runs_one_cluster_queue_a_crash_loop_fails_with_its_reason_a_deadlin
     assert metric(text, "cuda_agent_operator_queued_trainingruns") == 0
     assert metric(text, "workqueue_depth", name="trainingrun") is not None
     assert metric(text, "controller_runtime_max_concurrent_reconciles", controller="trainingrun") == 4
+    # client-go's work-queue families from the operator's queue, and its rest client's from its own API
+    # requests to this apiserver (status writes are PATCHes answered 200, Events POSTs answered 201).
+    assert (metric(text, "workqueue_adds_total", name="trainingrun") or 0) >= 1
+    assert (metric(text, "workqueue_work_duration_seconds_count", name="trainingrun") or 0) >= 1
+    assert (metric(text, "workqueue_queue_duration_seconds_count", name="sandboxpool") or 0) >= 1
+    assert metric(text, "workqueue_longest_running_processor_seconds", name="trainingrun") is not None
+    server = yaml.safe_load(namespace.cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    host = urlsplit(server).netloc
+    served = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }  # parsed: the exposition orders a sample's labels by name, not as declared
+    assert served[("rest_client_requests_total", (("code", "200"), ("host", host), ("method", "PATCH")))] >= 1
+    assert served[("rest_client_requests_total", (("code", "201"), ("host", host), ("method", "POST")))] >= 1
+    assert served[("rest_client_request_duration_seconds_count", (("host", host), ("verb", "PATCH")))] >= 1
     # Its own families only: the trainer's (default registry of any process importing cuda_agent.telemetry)
     # are served by the trainer, never here as zeros.
     assert "cuda_agent_trainer_" not in text and "cuda_agent_episode" not in text

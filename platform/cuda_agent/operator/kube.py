@@ -4,6 +4,11 @@ Children are written with server-side apply under one field manager, which makes
 idempotent: a restarted operator re-applies the same manifests and the apiserver merges them into the
 objects it already has, so nothing is duplicated and nothing is orphaned. Status and metadata use JSON
 merge patches of only the fields the operator owns, so the trainer's progress fields stay untouched.
+
+Every HTTP request the client sends (each attempt of a retried one) counts in client-go's
+`rest_client_requests_total{code,method,host}` and `rest_client_request_duration_seconds{verb,host}`,
+through an aiohttp trace config on the client's session (Kopf's watches use a session of their own and
+are not counted).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypedDict, Unpack
 
 import aiohttp
@@ -22,6 +28,7 @@ from kubernetes.aio import config as aio_config
 from kubernetes.aio.client import ApiClient, Configuration
 
 from cuda_agent.operator.labels import FIELD_MANAGER
+from cuda_agent.operator.metrics import rest_request_done
 
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -123,6 +130,7 @@ class Kube:
             await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
             )
+        configuration.trace_configs = [rest_client_metrics()]
         return cls(ApiClient(configuration))
 
     async def close(self) -> None:
@@ -286,6 +294,37 @@ class Kube:
         await self._request(
             "POST", collection_path("v1", "events", meta["namespace"]), body=event, counted="create Event"
         )
+
+
+def rest_client_metrics() -> aiohttp.TraceConfig:
+    """An aiohttp trace config that counts and times each request as client-go's rest client does: from
+    sending it to the answer's headers (or the error), labelled with its method and the server's
+    host:port."""
+    config = aiohttp.TraceConfig()
+
+    async def started(
+        _: aiohttp.ClientSession, context: SimpleNamespace, params: aiohttp.TraceRequestStartParams
+    ) -> None:
+        context.rest_started = time.perf_counter()
+
+    async def answered(
+        _: aiohttp.ClientSession, context: SimpleNamespace, params: aiohttp.TraceRequestEndParams
+    ) -> None:
+        seconds = time.perf_counter() - context.rest_started
+        rest_request_done(
+            params.method, params.url.host_port_subcomponent or "", params.response.status, seconds
+        )
+
+    async def failed(
+        _: aiohttp.ClientSession, context: SimpleNamespace, params: aiohttp.TraceRequestExceptionParams
+    ) -> None:
+        seconds = time.perf_counter() - context.rest_started
+        rest_request_done(params.method, params.url.host_port_subcomponent or "", None, seconds)
+
+    config.on_request_start.append(started)
+    config.on_request_end.append(answered)
+    config.on_request_exception.append(failed)
+    return config
 
 
 def _kubeconfig_available() -> bool:

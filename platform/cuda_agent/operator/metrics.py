@@ -127,6 +127,23 @@ LONGEST_RUNNING = Gauge(
     ["name"],
     registry=REGISTRY,
 )
+# client-go's rest_client families (k8s.io/component-base/metrics/prometheus/restclient): every HTTP
+# request the operator's API client sends, by status code ("<error>" when no answer came), method and
+# apiserver host:port; its latency by verb (the method) and host, with client-go's buckets.
+REST_REQUESTS = Counter(
+    "rest_client_requests",
+    "Number of HTTP requests, partitioned by status code, method, and host.",
+    ["code", "method", "host"],
+    registry=REGISTRY,
+)
+REST_LATENCY = Histogram(
+    "rest_client_request_duration_seconds",
+    "Request latency in seconds. Broken down by verb, and host.",
+    ["verb", "host"],
+    buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0),
+    registry=REGISTRY,
+)
+REST_ERROR_CODE = "<error>"
 QUEUED_RUNS = Gauge(
     "cuda_agent_operator_queued_trainingruns",
     "TrainingRuns in phase Queued (their GPU gang does not fit).",
@@ -141,6 +158,13 @@ def controller_name(kind: str) -> str:
 
 def reconcile_result(requeue: float | None) -> str:
     return SUCCESS if requeue is None else REQUEUE_AFTER
+
+
+def rest_request_done(method: str, host: str, code: int | None, seconds: float) -> None:
+    """One HTTP request to the apiserver: answered with `code`, or None when none came (refused, reset,
+    timed out)."""
+    REST_REQUESTS.labels(REST_ERROR_CODE if code is None else str(code), method, host).inc()
+    REST_LATENCY.labels(method, host).observe(seconds)
 
 
 class QueueReadings(Protocol):
