@@ -45,6 +45,18 @@ def test_vllm_engines_generate_with_the_models_logprobs_route_sticky_and_load_we
         "PYTHONPATH": os.pathsep.join(str(REPO / root) for root in ("trainer", "platform", "sandbox_image")),
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        # Start-up cost only (the check runs the same requests and asserts the same numbers):
+        # - vLLM's CPU platform turns a one-worker engine's "uni" executor into "mp" (for its OpenMP core
+        #   binding), which adds a third process per engine that imports vLLM again, and binds both
+        #   engines' workers to core 0 of this 2-core machine. With this off each engine runs its worker
+        #   inside its engine-core process, as vLLM does on GPU with tensor parallel 1.
+        # - vLLM's profile run samples once without per-request seeds through a torch.compile'd sampler,
+        #   and loading that compiled code first runs inductor's CPU ISA probe: a test program built and
+        #   loaded per ISA, each in a fresh Python importing torch (~55 s per engine here). The check's
+        #   own requests never take that path (they are seeded or greedy, and enforce_eager keeps the
+        #   model eager), so dynamo is off in the engines and the sampler runs eagerly.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "TORCHDYNAMO_DISABLE": "1",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "RAY_AUTH_MODE": "disabled",
     }
