@@ -3,6 +3,9 @@
 A pod is asked at `http://<podIP>:<port>/v1/status` unless an endpoint map names another address for it
 (a local cluster whose pod IPs are not routable from the operator). Pod IPs outside the allowed networks
 are never contacted: such a pod counts as silent, which the autoscaler treats pessimistically.
+
+Each probe is a CLIENT span (OpenTelemetry's aiohttp client instrumentation) under the pool's reconcile
+span, so a slow pod shows in the pass's trace; the server does not trace /v1/status itself.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import aiohttp
 
 from cuda_agent.operator.autoscaler import PodLoad
 from cuda_agent.operator.views import PodView
+from cuda_agent.telemetry.tracing import http_client_trace_configs
 
 log = logging.getLogger(__name__)
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -72,7 +76,7 @@ async def probe_pods(
     endpoints = read_endpoint_map(settings.endpoint_map)
     limit = asyncio.Semaphore(settings.concurrency)
     timeout = aiohttp.ClientTimeout(total=settings.timeout)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, trace_configs=http_client_trace_configs()) as session:
 
         async def ask(pod: PodView) -> PodLoad:
             base = endpoint_for(namespace, pod, port, endpoints, settings.allowed_networks)

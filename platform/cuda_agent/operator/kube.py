@@ -7,8 +7,9 @@ merge patches of only the fields the operator owns, so the trainer's progress fi
 
 Every HTTP request the client sends (each attempt of a retried one) counts in client-go's
 `rest_client_requests_total{code,method,host}` and `rest_client_request_duration_seconds{verb,host}`,
-through an aiohttp trace config on the client's session (Kopf's watches use a session of their own and
-are not counted).
+and is a CLIENT span (OpenTelemetry's aiohttp client instrumentation) under the current span, the
+reconcile pass's: both through aiohttp trace configs on the client's session (Kopf's watches use a
+session of their own and are neither counted nor traced).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kubernetes.aio.client import ApiClient, Configuration
 
 from cuda_agent.operator.labels import FIELD_MANAGER
 from cuda_agent.operator.metrics import rest_request_done
+from cuda_agent.telemetry.tracing import http_client_trace_configs
 
 Manifest = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -130,7 +132,7 @@ class Kube:
             await aio_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=str(kubeconfig) if kubeconfig else None, client_configuration=configuration
             )
-        configuration.trace_configs = [rest_client_metrics()]
+        configuration.trace_configs = [rest_client_metrics(), *http_client_trace_configs()]
         return cls(ApiClient(configuration))
 
     async def close(self) -> None:

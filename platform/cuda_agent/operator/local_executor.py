@@ -372,7 +372,8 @@ def _requeue(context: OperatorContext, run: RunContext) -> Callable[[], None]:
 
 async def _watch_health(local: LocalRun, requeue: Callable[[], None]) -> None:
     """Poll the sandbox server's /healthz; mark it ready (and requeue the run) when it answers, and not
-    ready while it restarts."""
+    ready while it restarts. Not traced: a poll every HEALTH_POLL_SECONDS outside any pass would be a
+    trace of one span twice a second (the server does not trace /healthz either)."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
         while True:
             healthy = False

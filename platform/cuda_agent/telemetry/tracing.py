@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.sdk.resources import PROCESS_PID, SERVICE_NAME, SERVICE_VERSION, Resource
@@ -27,6 +28,9 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.util.types import AttributeValue
 
 from cuda_agent.telemetry.config import TelemetryConfig
+
+if TYPE_CHECKING:
+    import aiohttp
 
 ATTRIBUTE_PREFIX = "cuda_agent."
 # OpenTelemetry GenAI semantic conventions (github.com/open-telemetry/semantic-conventions-genai), which
@@ -127,6 +131,22 @@ def configure_tracing(
 def tracer_provider() -> TracerProvider | None:
     """The provider configure_tracing made (None: the global one), for instrumentations that take one."""
     return _provider
+
+
+def http_client_trace_configs() -> list[aiohttp.TraceConfig]:
+    """Trace configs for an aiohttp client session: OpenTelemetry's aiohttp client instrumentation
+    (opentelemetry-instrumentation-aiohttp-client), a CLIENT span per request under the current span,
+    with the stable HTTP semantic conventions (`url.full`, `http.request.method`,
+    `http.response.status_code`, `server.address`, `server.port`, `error.type`); the request's
+    `traceparent` names that span. [] where the instrumentation is not installed."""
+    try:
+        from opentelemetry.instrumentation._semconv import _StabilityMode
+        from opentelemetry.instrumentation.aiohttp_client import create_trace_config
+    except ImportError:
+        return []
+    # The stable names: the instrumentation's default still emits the old ones (http.url, http.method)
+    # unless OTEL_SEMCONV_STABILITY_OPT_IN says http; `_StabilityMode` is private, the parameter is not.
+    return [create_trace_config(tracer_provider=_provider, sem_conv_opt_in_mode=_StabilityMode.HTTP)]
 
 
 def tracer(name: str = "cuda_agent") -> trace.Tracer:

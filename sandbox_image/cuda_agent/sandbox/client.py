@@ -13,7 +13,8 @@ HTTP errors raise SandboxError with the server's message; tool failures are
 results (`is_error`), not exceptions. Every request carries the trace context (W3C `traceparent`)
 when OpenTelemetry is installed, so the server's spans join the caller's trace: SandboxClient's requests
 are CLIENT spans of OpenTelemetry's aiohttp instrumentation where that is installed (the trainer's
-dependencies), SyncSandboxClient's send the caller's context.
+dependencies); SyncSandboxClient's are CLIENT spans it makes itself with the same attributes
+(`_client_span`), wherever cuda_agent.telemetry is importable.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel
 
@@ -78,21 +82,15 @@ def _tool_input(name: str, arguments: dict[str, Any] | BaseModel) -> tuple[str, 
 
 
 def _http_trace_configs() -> list[Any]:
-    """OpenTelemetry's aiohttp client instrumentation (opentelemetry-instrumentation-aiohttp-client): a
-    CLIENT span per request with the stable HTTP semantic conventions (`url.full`,
-    `http.request.method`, `http.response.status_code`, `server.address`, `server.port`, `error.type`),
-    and the request's `traceparent` names that span. [] where it is not installed (OpenTelemetry is an
-    optional dependency of this client); requests then carry the caller's context (_trace_headers)."""
+    """OpenTelemetry's aiohttp client instrumentation, as cuda_agent.telemetry configures it: a CLIENT
+    span per request with the stable HTTP semantic conventions, whose context the request's
+    `traceparent` carries. [] where it is not installed (OpenTelemetry is an optional dependency of this
+    client); requests then carry the caller's context (_trace_headers)."""
     try:
-        from opentelemetry.instrumentation._semconv import _StabilityMode
-        from opentelemetry.instrumentation.aiohttp_client import create_trace_config
-
-        from cuda_agent.telemetry.tracing import tracer_provider
+        from cuda_agent.telemetry.tracing import http_client_trace_configs
     except ImportError:
         return []
-    # The stable HTTP conventions (url.*, http.request.*): the instrumentation's default still emits the
-    # old names (http.url, http.method) unless OTEL_SEMCONV_STABILITY_OPT_IN says http.
-    return [create_trace_config(tracer_provider=tracer_provider(), sem_conv_opt_in_mode=_StabilityMode.HTTP)]
+    return http_client_trace_configs()
 
 
 def _trace_headers() -> dict[str, str]:
@@ -105,6 +103,48 @@ def _trace_headers() -> dict[str, str]:
     headers: dict[str, str] = {}
     propagate.inject(headers)
     return headers
+
+
+@contextmanager
+def _client_span(method: str, url: str, headers: dict[str, str]) -> Iterator[Callable[[int], None]]:
+    """A CLIENT span around one urllib request, named and described as OpenTelemetry's HTTP client
+    instrumentations do (stable HTTP semantic conventions: `http.request.method`, `url.full`,
+    `server.address`, `server.port`, then `http.response.status_code`, and `error.type` with an ERROR
+    status for a 4xx/5xx answer or an exception), with `traceparent` in `headers` naming it. Yields the
+    function that records the answer's status. OpenTelemetry's urllib instrumentation is not used: it
+    replaces urllib's `OpenerDirector.open` for the whole process (it has no per-client switch) and takes
+    its attribute names only from OTEL_SEMCONV_STABILITY_OPT_IN. Without cuda_agent.telemetry the request
+    carries the caller's context and no span is made."""
+    try:
+        from opentelemetry.trace import SpanKind, Status, StatusCode
+
+        from cuda_agent.telemetry.tracing import tracer
+    except ImportError:
+        headers.update(_trace_headers())
+        yield lambda status: None
+        return
+    parts = urlsplit(url)
+    attributes: dict[str, str | int] = {
+        "http.request.method": method,
+        # never credentials in a span: url.full leaves out a user:password@ part
+        "url.full": urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])),
+        "server.address": parts.hostname or "",
+        "server.port": parts.port or (443 if parts.scheme == "https" else 80),
+    }
+    with tracer(__name__).start_as_current_span(method, kind=SpanKind.CLIENT, attributes=attributes) as span:
+        headers.update(_trace_headers())  # the CLIENT span's context: the server's span is its child
+
+        def answered(status: int) -> None:
+            span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                span.set_attribute("error.type", str(status))
+                span.set_status(Status(StatusCode.ERROR))
+
+        try:
+            yield answered
+        except Exception as error:
+            span.set_attribute("error.type", type(error).__qualname__)
+            raise  # the span records the exception and an ERROR status
 
 
 def _error_message(status: int, payload: bytes) -> SandboxError:
@@ -201,17 +241,17 @@ class SyncSandboxClient:
 
     def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         """Raw access: (status, body), errors included, for callers that check status codes."""
-        req = urllib.request.Request(
-            f"{self.base_url}{path}",
-            data=body,
-            method=method,
-            headers={**({"Content-Type": "application/json"} if body else {}), **_trace_headers()},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+        url = f"{self.base_url}{path}"
+        headers = {"Content-Type": "application/json"} if body else {}
+        with _client_span(method, url, headers) as answered:
+            req = urllib.request.Request(url, data=body, method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    status, payload = resp.status, resp.read()
+            except urllib.error.HTTPError as exc:
+                status, payload = exc.code, exc.read()
+            answered(status)
+        return status, payload
 
     def _call(self, method: str, path: str, body: BaseModel | None, out: type[M]) -> M:
         data = body.model_dump_json(by_alias=True, exclude_none=True).encode() if body is not None else None
