@@ -29,7 +29,7 @@ out=""; packages=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) out="$2"; shift 2;;
-    build|install|-trimpath|-buildvcs=*|-ldflags=*) shift;;
+    build|install|-trimpath|-buildvcs=*|-gcflags=*|-ldflags=*) shift;;
     *) packages+=("$1"); shift;;
   esac
 done
@@ -139,3 +139,15 @@ def test_a_torn_stamp_means_rebuild(fake_go: Path) -> None:
         stamp.write_text(torn)
         assert binaries.read_record("etcd") is None, torn
         assert not binaries.is_current(binaries.BINARIES["etcd"])
+
+
+def test_go_is_asked_for_stripped_binaries_without_debug_info(tmp_path: Path) -> None:
+    kube = [binaries.BINARIES[name] for name in ("kube-apiserver", "kubectl")]
+    command, cwd = binaries._go_command("go", kube, tmp_path)
+    assert cwd == binaries.GOMOD_DIR / "kubernetes"
+    assert command[:2] == ["go", "build"]
+    assert {"-trimpath", "-buildvcs=false", "-gcflags=all=-dwarf=false"} <= set(command)
+    ldflags = next(flag for flag in command if flag.startswith("-ldflags="))
+    assert ldflags.startswith("-ldflags=-s -w ") and "gitVersion=v1.36.3" in ldflags
+    command, cwd = binaries._go_command("go", [binaries.BINARIES["minio"]], tmp_path)
+    assert cwd is None and command[1] == "install" and command[-1].startswith("github.com/minio/minio@")

@@ -222,7 +222,16 @@ def _go_command(go: str, group: Sequence[GoBinary], out_dir: Path) -> tuple[list
     first = group[0]
     # -buildvcs=false: our gomod/ dirs sit inside this repo's git checkout, and VCS stamping would make
     # the build depend on git being installed and on the checkout's state.
-    flags = ["-trimpath", "-buildvcs=false", f"-ldflags=-s -w {' '.join(first.ldflags)}".strip()]
+    # -gcflags=all=-dwarf=false: the compiler skips the debug info that `-ldflags=-w` strips at link time
+    # anyway (same code, same binary size): 13 % less CPU for a cold etcd build here (/usr/bin/time, two
+    # rounds each: 165 and 149 CPU-s with it, 147 and 125 without). Not part of build_key: the binaries it
+    # gives run the same code, so a machine's existing builds stay current.
+    flags = [
+        "-trimpath",
+        "-buildvcs=false",
+        "-gcflags=all=-dwarf=false",
+        f"-ldflags=-s -w {' '.join(first.ldflags)}".strip(),
+    ]
     if first.gomod is not None:
         packages = [b.package for b in group]
         return [go, "build", *flags, "-o", f"{out_dir}/", *packages], GOMOD_DIR / first.gomod
