@@ -57,9 +57,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = set(getattr(item, "fixturenames", ())) | {m.name for m in item.iter_markers()}
         group = next((g for key, g in _WORKER_GROUPS.items() if key in names), None)
+        if group is None and _uses_module_fixture(item):
+            group = _module_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
             _suffix_node_id(item, group)
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test asks (directly or through other fixtures) for a module- or class-scoped fixture:
+    a sandbox server, a judge service, a tokenizer. xdist hands ungrouped tests out one at a time, so a
+    module's tests landed on both workers and each worker built the module's fixtures again (two
+    sandbox servers for one module, ~15-30 s each on two busy cores). Such a module is one work unit:
+    its fixtures are built once, as in a one-process run."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in info.names_closure:
+        definitions = info.name2fixturedefs.get(name, ())
+        if definitions and definitions[-1].scope in ("module", "class"):
+            return True
+    return False
+
+
+def _module_group(item: pytest.Item) -> str:
+    """The group of a module's tests: its path under tests/ without `.py` (`sandbox/test_seccomp`)."""
+    path = item.nodeid.split("::", 1)[0].removesuffix(".py")
+    return path.removeprefix("tests/")
 
 
 def _suffix_node_id(item: pytest.Item, group: str) -> None:
