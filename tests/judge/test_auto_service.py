@@ -19,6 +19,7 @@ import pytest
 from fixture_catalog import SOLUTIONS_DIR, TASKS_DIR, parse_single_json
 
 from cuda_agent.sandbox.judge import build, local_service
+from cuda_agent.sandbox.judge.config import default_cache_dir
 
 
 def _judge(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -52,7 +53,10 @@ def test_the_cli_starts_and_then_reuses_its_own_service(tmp_path: Path) -> None:
         **os.environ,
         "XDG_RUNTIME_DIR": str(runtime),
         "CUDA_AGENT_JUDGE_AUTO_SERVICE": "1",
-        "CUDA_AGENT_JUDGE_CACHE": str(tmp_path / "cache"),
+        # The judge's shared build cache, as every other judge test: what this test asserts (the service
+        # starts, is reused, gives the same verdict, stays off when asked) does not depend on a cold
+        # build, and a private cache rebuilt the precompiled header and the candidate on each run.
+        "CUDA_AGENT_JUDGE_CACHE": str(default_cache_dir()),
         "CUDA_AGENT_TASK_SCALE": "small",
     }
     env.pop(local_service.SERVICE_ENV, None)
