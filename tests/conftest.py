@@ -50,6 +50,11 @@ _WORKER_GROUPS = {
 }
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist registers its mark only when loaded; a `-p no:xdist` run would warn on every grouped test.
+    config.addinivalue_line("markers", "xdist_group(name): run these tests in one pytest-xdist worker")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`make test` runs two xdist workers with `--dist loadgroup`; a group's tests stay in one worker.
