@@ -52,7 +52,12 @@ for name in names:
 print("\n".join(sorted(str(t) for t in tops)))
 PY
 
-"$DEST/bin/python" -m pip install -q --no-deps -r "$LOCK" >&2
+# uv (installed into the project venv by `make venv`) downloads in parallel; pip where it is missing.
+if [[ -x $MAIN/bin/uv ]]; then
+  "$MAIN/bin/uv" pip install --python "$DEST/bin/python" -q --compile-bytecode --no-deps -r "$LOCK" >&2
+else
+  "$DEST/bin/python" -m pip install -q --no-deps -r "$LOCK" >&2
+fi
 # The C extension must load against the linked torch (same version, other build flavour).
 "$DEST/bin/python" -c 'import vllm._C, vllm, torch; assert torch.__version__.startswith("2.11.0"), torch.__version__' >&2
 echo "$want" >"$stamp"
