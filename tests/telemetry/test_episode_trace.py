@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
-from otlp_collector import OtlpCollector, ReceivedSpan, running_collector
+from otlp_collector import OtlpCollector, ReceivedSpan
 from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
@@ -49,12 +49,6 @@ TOKENIZER_CACHE = Path.home() / ".cache" / "cuda-agent" / "tokenizers"
 
 def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def collector() -> Iterator[OtlpCollector]:
-    with running_collector() as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

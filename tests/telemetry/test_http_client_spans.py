@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from otlp_collector import OtlpCollector, running_collector
+from otlp_collector import OtlpCollector
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "agent"))
 
@@ -41,12 +41,6 @@ from cuda_agent.telemetry import tracing as tracing_module
 
 TASK_SOURCE = (Path(__file__).parents[2] / "examples" / "tasks" / "relu_mul_add.py").read_text()
 SERVER_SPAN = ProtoSpan.SpanKind.SPAN_KIND_SERVER
-
-
-@pytest.fixture(scope="module")
-def collector() -> Iterator[OtlpCollector]:
-    with running_collector() as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
