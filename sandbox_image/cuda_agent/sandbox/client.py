@@ -19,6 +19,7 @@ dependencies); SyncSandboxClient's are CLIENT spans it makes itself with the sam
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.error
 import urllib.request
@@ -105,6 +106,19 @@ def _trace_headers() -> dict[str, str]:
     return headers
 
 
+@functools.cache
+def _telemetry_importable() -> bool:
+    """Whether OpenTelemetry and cuda_agent.telemetry can be imported here, asked once per process: a
+    failed import searches sys.path again each time, and _client_span runs on every request."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+
+        import cuda_agent.telemetry.tracing  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @contextmanager
 def _client_span(method: str, url: str, headers: dict[str, str]) -> Iterator[Callable[[int], None]]:
     """A CLIENT span around one urllib request, named and described as OpenTelemetry's HTTP client
@@ -115,14 +129,14 @@ def _client_span(method: str, url: str, headers: dict[str, str]) -> Iterator[Cal
     replaces urllib's `OpenerDirector.open` for the whole process (it has no per-client switch) and takes
     its attribute names only from OTEL_SEMCONV_STABILITY_OPT_IN. Without cuda_agent.telemetry the request
     carries the caller's context and no span is made."""
-    try:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
-
-        from cuda_agent.telemetry.tracing import tracer
-    except ImportError:
+    if not _telemetry_importable():
         headers.update(_trace_headers())
         yield lambda status: None
         return
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+
+    from cuda_agent.telemetry.tracing import tracer
+
     parts = urlsplit(url)
     attributes: dict[str, str | int] = {
         "http.request.method": method,
